@@ -1,0 +1,79 @@
+"""Store settings, read from the environment.
+
+``mx.kv.create('hybrid-mpi')`` passes no arguments, so everything that can be
+configured comes from ``KVHYBRID_*`` variables (documented in README.md).
+Values are validated up front; a bad one raises :class:`ConfigError` naming
+the variable and a value that would work.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Mapping, Optional
+
+from .errors import ConfigError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean: set it to 1 or 0")
+
+
+def _parse_seconds(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number: set it to seconds > 0, "
+                          f"e.g. {name}=300") from None
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be > 0 seconds, e.g. {name}=300")
+    return value
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """What a ``hybrid-mpi`` store does; one field per ``KVHYBRID_*`` variable."""
+
+    #: KVHYBRID_TIMEOUT: seconds any blocking wait (a collective, the engine)
+    #: may take before the job is aborted with a message naming the wait.
+    timeout: float = 300.0
+    #: KVHYBRID_STALL_WARNING: seconds after which a wait logs a warning that
+    #: names the ranks that have not arrived yet.
+    stall_warning: float = 60.0
+    #: KVHYBRID_ABORT_ON_ERROR: an uncaught exception on one rank aborts the
+    #: whole MPI job (as ``python -m mpi4py`` does) instead of leaving the
+    #: other ranks waiting in a collective.
+    abort_on_error: bool = True
+    #: KVHYBRID_ALLOW_SINGLETON: allow a store in a process that was not
+    #: started by an MPI launcher (it then is a job of one rank).
+    allow_singleton: bool = False
+
+    _ENV = {
+        "timeout": ("KVHYBRID_TIMEOUT", _parse_seconds),
+        "stall_warning": ("KVHYBRID_STALL_WARNING", _parse_seconds),
+        "abort_on_error": ("KVHYBRID_ABORT_ON_ERROR", _parse_bool),
+        "allow_singleton": ("KVHYBRID_ALLOW_SINGLETON", _parse_bool),
+    }
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "StoreConfig":
+        env = os.environ if environ is None else environ
+        values = {}
+        for field in fields(cls):
+            name, parse = cls._ENV[field.name]
+            raw = env.get(name)
+            if raw is not None and raw.strip() != "":
+                values[field.name] = parse(name, raw)
+        return cls(**values)
+
+    @classmethod
+    def variables(cls) -> dict:
+        """``{variable: (field, default)}``, for docs and ``--help``."""
+        return {cls._ENV[f.name][0]: (f.name, f.default) for f in fields(cls)}

@@ -1,0 +1,64 @@
+"""Cross-rank agreement before a collective: the guard against hangs on bad input.
+
+If one rank's call is wrong (unknown key, another shape) and only that rank
+raised, its peers would enter the collective alone and wait forever. So every
+collective call first runs ``agree()``: one tiny allreduce tells every rank
+whether all calls match and none failed its local checks. If not, the ranks
+exchange details and all raise the same :class:`KeyValueError`, before any
+state has changed.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from typing import Optional
+
+import numpy as np
+
+from ..errors import KeyValueError
+from ..tensor_collectives.group import Group
+
+_MASK = (1 << 62) - 1
+
+
+def _digest(signature) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(signature).encode(), digest_size=8).digest(),
+                          "little") & _MASK
+
+
+def agree(group: Group, what: str, signature, local_error: Optional[str], about: str = "") -> None:
+    """Raise the same KeyValueError on every rank unless all signatures match and no rank failed.
+
+    ``what`` names the call in the error (the same on every rank); ``about``
+    adds this rank's detail (e.g. the key) to what the watchdog reports.
+    """
+    MPI = group.MPI
+    sig = _digest(signature) if local_error is None else 0
+    flags = np.array([sig, -sig, 1 if local_error else 0], dtype=np.int64)
+    with group.watchdog.waiting(f"the ranks to agree on {what}{about}"):
+        group.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+    if flags[0] == -flags[1] and flags[2] == 0:
+        return
+    with group.watchdog.waiting(f"the ranks to exchange why {what}{about} failed"):
+        details = group.comm.allgather((local_error, None if local_error else str(signature)))
+    raise KeyValueError(_explain(what, details))
+
+
+def _ranks(ranks) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _explain(what: str, details) -> str:
+    errors = defaultdict(list)
+    for rank, (error, _) in enumerate(details):
+        if error:
+            errors[error].append(rank)
+    if errors:
+        parts = [f"{_ranks(ranks)}: {error}" for error, ranks in errors.items()]
+        return f"{what} failed on {'; '.join(parts)}"
+    calls = defaultdict(list)
+    for rank, (_, sig) in enumerate(details):
+        calls[sig].append(rank)
+    parts = [f"{_ranks(ranks)} called {sig}" for sig, ranks in calls.items()]
+    return (f"{what} differs between ranks: {'; '.join(parts)}. Every rank must make the same "
+            "calls, in the same order, with the same arguments (keys, shapes, dtypes, settings)")

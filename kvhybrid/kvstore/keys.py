@@ -1,0 +1,110 @@
+"""Keys of the store: what each holds, and turning call arguments into checked (key, arrays) pairs.
+
+The checks here are local (this rank's arguments only). They raise
+:class:`KeyValueError`; the store passes the message through
+:func:`agreement.agree` so that every rank raises it together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import mxnet as mx
+from mxnet.ndarray import NDArray
+
+from ..errors import KeyValueError
+
+Key = Union[int, str]
+Arrays = List[NDArray]
+
+
+@dataclass
+class KeySlot:
+    """What the store holds for one key: its shape and dtype, and its current value."""
+
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+    value: NDArray                      # the store's copy (weights when it owns the optimizer)
+    grad: Optional[NDArray] = None      # reduction buffer for push with an optimizer
+
+    def grad_buffer(self) -> NDArray:
+        if self.grad is None:
+            self.grad = mx.nd.zeros(self.shape, ctx=self.value.context, dtype=self.dtype)
+        return self.grad
+
+
+def spec(arr: NDArray) -> str:
+    return f"shape {tuple(arr.shape)} {np.dtype(arr.dtype).name}"
+
+
+def check_key(key) -> Key:
+    if isinstance(key, bool) or not isinstance(key, (int, str, np.integer)):
+        raise KeyValueError(f"key must be an int or a str, got {type(key).__name__} {key!r}")
+    return int(key) if isinstance(key, np.integer) else key
+
+
+def _arrays(key: Key, value, arg: str) -> Arrays:
+    arrays = [value] if isinstance(value, NDArray) else value
+    if not isinstance(arrays, (list, tuple)) or not arrays:
+        raise KeyValueError(f"{arg} of key {key!r} must be an NDArray or a non-empty list of "
+                            f"NDArrays, got {type(value).__name__}")
+    for arr in arrays:
+        if not isinstance(arr, NDArray):
+            raise KeyValueError(f"{arg} of key {key!r} must hold NDArrays, got {type(arr).__name__}")
+        if arr.stype != "default":
+            raise KeyValueError(f"{arg} of key {key!r} is {arr.stype}: hybrid-mpi handles dense "
+                                "arrays only so far; use dense parameters (e.g. "
+                                "nn.Embedding(sparse_grad=False))")
+    first = arrays[0]
+    for arr in arrays[1:]:
+        if arr.shape != first.shape or arr.dtype != first.dtype:
+            raise KeyValueError(f"{arg} of key {key!r} mixes {spec(first)} and {spec(arr)}: "
+                                "every device's copy of a key must have the same shape and dtype")
+    return list(arrays)
+
+
+def pairs(key, value, arg: str = "value") -> List[Tuple[Key, Arrays]]:
+    """``[(key, [arrays])]`` from MXNet's ``key, value`` conventions (one key or a list)."""
+    if isinstance(key, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(key):
+            raise KeyValueError(f"a list of {len(key)} keys needs a list of {len(key)} {arg}s, "
+                                f"got {type(value).__name__}"
+                                + (f" of length {len(value)}" if isinstance(value, (list, tuple))
+                                   else ""))
+        keys = [check_key(k) for k in key]
+        values = list(value)
+    else:
+        keys, values = [check_key(key)], [value]
+    if len(set(keys)) != len(keys):
+        raise KeyValueError(f"keys {keys} repeat a key: pass each key once per call")
+    return [(k, _arrays(k, v, arg)) for k, v in zip(keys, values)]
+
+
+def lookup(slots: Dict[Key, KeySlot], key: Key) -> KeySlot:
+    slot = slots.get(key)
+    if slot is None:
+        known = sorted(map(str, slots))[:8]
+        raise KeyValueError(f"key {key!r} was never initialised: call init({key!r}, value) or "
+                            f"broadcast({key!r}, value, out) on every rank first"
+                            + (f" (known keys: {', '.join(known)}{'...' if len(slots) > 8 else ''})"
+                               if slots else ""))
+    return slot
+
+
+def check_matches(key: Key, slot: KeySlot, arrays: Sequence[NDArray], arg: str) -> None:
+    arr = arrays[0]
+    if tuple(arr.shape) != slot.shape or np.dtype(arr.dtype) != slot.dtype:
+        raise KeyValueError(f"{arg} of key {key!r} has {spec(arr)}, but the key was initialised "
+                            f"with shape {slot.shape} {slot.dtype.name}: pass arrays of the "
+                            "initialised shape and dtype")
+
+
+def check_out(key: Key, value: Sequence[NDArray], out: Sequence[NDArray]) -> None:
+    if len(out) != len(value):
+        raise KeyValueError(f"out of key {key!r} has {len(out)} array(s) but value has "
+                            f"{len(value)}: pass one out array per value array (one per device)")
+    for v, o in zip(value, out):
+        if o.shape != v.shape or o.dtype != v.dtype:
+            raise KeyValueError(f"out of key {key!r} has {spec(o)} but value has {spec(v)}: "
+                                "out arrays must match value arrays")

@@ -1,0 +1,39 @@
+"""``broadcast_parameters``: make every rank start from rank ``root``'s weights.
+
+``gluon.Trainer`` broadcasts weights through the store only at its first
+``step()``, after the first backward pass, so ranks that initialised their
+weights differently compute the first gradients on different weights. Call
+this once after initialisation (as with Horovod's function of the same name),
+or seed every rank's initialiser identically.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+from mxnet.gluon import ParameterDict
+
+from ..errors import KeyValueError
+from ..tensor_collectives import broadcast
+from .agreement import agree
+from .store import HybridMPIStore
+
+
+def broadcast_parameters(params: Union[ParameterDict, dict], store: HybridMPIStore,
+                         root: int = 0) -> None:
+    """Overwrite every parameter on every rank and device with rank ``root``'s value."""
+    items = sorted(params.items())
+    error = None
+    try:
+        if not isinstance(store, HybridMPIStore):
+            raise KeyValueError(f"store must be a hybrid-mpi store, got {type(store).__name__}")
+        deferred = [name for name, p in items if p._deferred_init or p._data is None]
+        if deferred:
+            raise KeyValueError(f"parameters {deferred[:3]} are not initialised yet: call "
+                                "net.initialize() and run one forward pass before "
+                                "broadcast_parameters")
+        signature = [(name, p.shape, str(p.dtype)) for name, p in items]
+    except KeyValueError as exc:
+        error, signature = str(exc), None
+    agree(store.group, "broadcast_parameters", signature, error)
+    for _, p in items:
+        broadcast(p.list_data(), src=root, group=store.group)

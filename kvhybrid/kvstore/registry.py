@@ -1,0 +1,16 @@
+"""Filing the store in MXNet's KVStore registry.
+
+``@KVStoreBase.register`` would file the class under its lower-cased class
+name; ``hybrid-mpi`` has a hyphen, so the registry entry is written directly.
+The store's ``type`` is filed too, so ``mx.kv.create(kv.type)`` round-trips
+and ``gluon.Trainer(..., kvstore='dist_sync_hybrid-mpi')`` (a name holding
+``dist``, which Gluon needs to create a store for a single device) works.
+"""
+from mxnet.kvstore import KVStoreBase
+
+from .store import NAME, TYPE, HybridMPIStore
+
+
+def register() -> None:
+    for name in (NAME, TYPE):
+        KVStoreBase.kv_registry[name] = HybridMPIStore

@@ -1,0 +1,297 @@
+"""The ``hybrid-mpi`` KVStore: what ``gluon.Trainer`` talks to.
+
+Dense keys are summed across ranks with one MPI tensor allreduce per key (a
+tensor = a worker's per-device arrays, reduced locally first). Summation, not
+averaging, as MXNet's ``dist_sync`` does, so training scripts keep their
+learning rates: with ``trainer.step(batch_size)`` on each worker, N workers
+train exactly like one process on the union of their batches.
+
+When the store owns the optimizer (``update_on_kvstore=True``, the Trainer's
+default) every rank applies the same update to its own copy of the weights
+right after the allreduce: the copies stay identical without a server.
+
+The class derives from MXNet's native ``KVStore`` (holding a handle to an
+unused native ``local`` store) only because ``gluon.Trainer`` accepts nothing
+else for sparse gradients and sparse weights; every method is overridden.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+import weakref
+from typing import Dict, List, Optional
+
+import numpy as np
+import mxnet as mx
+from mxnet.base import _LIB, KVStoreHandle, c_str, check_call
+
+from ..config import StoreConfig
+from ..errors import KeyValueError, KVHybridError
+from ..tensor_collectives import Group, allreduce_array, broadcast_array
+from ..tensor_collectives.ops import copy_to_all, reduce_local
+from .agreement import agree
+from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec
+
+log = logging.getLogger("kvhybrid")
+
+NAME = "hybrid-mpi"
+#: ``'dist'`` and ``'sync'`` in the type make Gluon treat the store as a
+#: synchronous distributed one, as it treats MXNet's ``dist_sync``.
+TYPE = "dist_sync_hybrid-mpi"
+
+
+def _native_local_handle() -> KVStoreHandle:
+    handle = KVStoreHandle()
+    check_call(_LIB.MXKVStoreCreate(c_str("local"), ctypes.byref(handle)))
+    return handle
+
+
+def _optimizer_text(optimizer) -> str:
+    """What must be equal on every rank, since every rank applies its own copy."""
+    fields = {"learning_rate": optimizer.learning_rate, "wd": optimizer.wd,
+              "rescale_grad": optimizer.rescale_grad, "clip_gradient": optimizer.clip_gradient}
+    for name in ("momentum", "beta1", "beta2", "epsilon", "gamma1", "gamma2"):
+        if hasattr(optimizer, name):
+            fields[name] = getattr(optimizer, name)
+    return f"{type(optimizer).__module__}.{type(optimizer).__name__}(" + \
+        ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+
+def _keys_text(pairs_) -> str:
+    return ", ".join(f"key {k!r} {spec(arrays[0])}" for k, arrays in pairs_)
+
+
+class HybridMPIStore(mx.kv.KVStore):
+    """Synchronous data-parallel KVStore over MPI (mpi-SGD with one client group).
+
+    Create it with ``mx.kv.create('hybrid-mpi')`` after ``import kvhybrid``,
+    in every rank of an MPI job, and hand it to ``gluon.Trainer``.
+    """
+
+    def __init__(self, config: Optional[StoreConfig] = None):
+        self.config = config or StoreConfig.from_env()
+        self.group = Group.world(self.config)
+        super().__init__(_native_local_handle())
+        self._slots: Dict[Key, KeySlot] = {}
+        self._closed = False
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref().close())
+        log.info("kvhybrid: %s store, rank %d of %d", NAME, self.rank, self.num_workers)
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        return TYPE
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self.group.size
+
+    def is_capable(self, capability: str) -> bool:
+        if capability.lower() == mx.kv.KVStoreBase.OPTIMIZER:
+            return True
+        raise ValueError(f"unknown capability {capability!r}: the only one is "
+                         f"{mx.kv.KVStoreBase.OPTIMIZER!r}")
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _check(self, what: str, build, about: str = ""):
+        """Run ``build()`` (local checks, returns (result, signature)) and agree with all ranks."""
+        try:
+            result, signature = build()
+            error = None
+        except KeyValueError as exc:
+            result, signature, error = None, None, str(exc)
+        agree(self.group, what, signature, error, about)
+        return result
+
+    def _open(self) -> None:
+        if self._closed:
+            raise KVHybridError("this hybrid-mpi store was closed: create a new one with "
+                                "mx.kv.create('hybrid-mpi')")
+
+    # -- init and broadcast --------------------------------------------------------------------
+    def init(self, key, value) -> None:
+        """Register keys; their value is rank 0's (as in ``dist_sync``)."""
+        self._open()
+
+        def build():
+            ps = pairs(key, value)
+            for k, _ in ps:
+                if k in self._slots:
+                    raise KeyValueError(f"key {k!r} is already initialised: init each key once, "
+                                        "or use broadcast() to overwrite its value")
+            return ps, "init " + _keys_text(ps)
+
+        for k, arrays in self._check("init", build, f" of key {key!r}"):
+            self._set_from_root(k, arrays[0])
+
+    def broadcast(self, key, value, out, priority: int = 0) -> None:
+        """Give every rank rank 0's ``value``, written into ``out`` (one array per device)."""
+        self._open()
+
+        def build():
+            ps = pairs(key, value)
+            outs = pairs(key, out, "out")
+            for (k, v), (_, o) in zip(ps, outs):
+                if k in self._slots:
+                    check_matches(k, self._slots[k], v, "value")
+                for arr in o:
+                    if arr.shape != v[0].shape or arr.dtype != v[0].dtype:
+                        raise KeyValueError(f"out of key {k!r} has {spec(arr)} but value has "
+                                            f"{spec(v[0])}: out arrays must match value")
+            return list(zip(ps, outs)), "broadcast " + _keys_text(ps)
+
+        for (k, v), (_, o) in self._check("broadcast", build, f" of key {key!r}"):
+            slot = self._set_from_root(k, v[0])
+            copy_to_all(slot.value, o)
+
+    def _set_from_root(self, key: Key, value: mx.nd.NDArray) -> KeySlot:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = KeySlot(tuple(value.shape), np.dtype(value.dtype),
+                           mx.nd.zeros(value.shape, ctx=value.context, dtype=value.dtype))
+        if self.rank == 0:
+            value.copyto(slot.value)
+        broadcast_array(slot.value, 0, self.group, name=f"key {key!r}")
+        self._slots[key] = slot
+        return slot
+
+    # -- push, pull, pushpull ------------------------------------------------------------------
+    def _checked_pairs(self, op: str, key, value, out=None):
+        def build():
+            ps = pairs(key, value)
+            outs = pairs(key, out, "out") if out is not None else [(k, None) for k, _ in ps]
+            for (k, v), (_, o) in zip(ps, outs):
+                slot = lookup(self._slots, k)
+                check_matches(k, slot, v, "value")
+                if o is not None:
+                    check_out(k, v, o)
+            return [(k, v, o) for (k, v), (_, o) in zip(ps, outs)], f"{op} {_keys_text(ps)}"
+
+        return self._check(op, build, f" of key {key!r}")
+
+    def pushpull(self, key, value, out=None, priority: int = 0) -> None:
+        """Sum ``value`` over devices and ranks; write the result (or, with an optimizer, the
+        updated weight) into ``out``, or into ``value`` when ``out`` is None.
+
+        Without an optimizer this is a pure allreduce: the store's own copy of
+        the key is left as it was (no extra copy on the hot path).
+        """
+        self._open()
+        for k, value_k, out_k in self._checked_pairs("pushpull", key, value, out):
+            slot = self._slots[k]
+            dst = out_k if out_k is not None else value_k
+            if self._updater is not None:
+                self._reduce(k, value_k, slot.grad_buffer())
+                self._updater(k, slot.grad, slot.value)
+                copy_to_all(slot.value, dst)
+            else:
+                self._reduce(k, value_k, dst[0])
+                copy_to_all(dst[0], dst)
+
+    def push(self, key, value, priority: int = 0) -> None:
+        """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
+        self._open()
+        for k, value_k, _ in self._checked_pairs("push", key, value):
+            slot = self._slots[k]
+            if self._updater is not None:
+                self._reduce(k, value_k, slot.grad_buffer())
+                self._updater(k, slot.grad, slot.value)
+            else:
+                self._reduce(k, value_k, slot.value)
+
+    def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
+        """Copy the store's value of ``key`` into ``out`` (local: every rank holds the same copy)."""
+        self._open()
+        if out is None:
+            raise KeyValueError(f"pull of key {key!r} needs out=: the arrays to write into")
+        for k, out_k in pairs(key, out, "out"):
+            slot = lookup(self._slots, k)
+            check_matches(k, slot, out_k, "out")
+            copy_to_all(slot.value, out_k)
+
+    def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None) -> None:
+        raise KeyValueError(f"row_sparse_pull of key {key!r}: hybrid-mpi handles dense keys only "
+                            "so far; use dense parameters")
+
+    def _reduce(self, key: Key, arrays: List[mx.nd.NDArray], target: mx.nd.NDArray) -> None:
+        reduce_local(arrays, target)
+        allreduce_array(target, "sum", self.group, name=f"key {key!r}")
+
+    # -- optimizer -----------------------------------------------------------------------------
+    def set_optimizer(self, optimizer) -> None:
+        """Keep ``optimizer`` (by reference) and apply it after each allreduce, on every rank."""
+        self._open()
+
+        def build():
+            if not isinstance(optimizer, mx.optimizer.Optimizer):
+                raise KeyValueError("set_optimizer needs an mx.optimizer.Optimizer, got "
+                                    f"{type(optimizer).__name__}")
+            return None, f"set_optimizer({_optimizer_text(optimizer)})"
+
+        self._check("set_optimizer", build)
+        self._set_updater(mx.optimizer.get_updater(optimizer))
+
+    def _set_updater(self, updater) -> None:
+        self._updater = updater
+
+    def set_gradient_compression(self, compression_params) -> None:
+        raise KVHybridError("hybrid-mpi does not compress gradients: drop compression_params "
+                            "from gluon.Trainer")
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Write the optimizer state (identical on every rank) to ``fname``, atomically."""
+        if self._updater is None:
+            raise KVHybridError("the store holds no optimizer state: call set_optimizer first "
+                                "(gluon.Trainer does so when update_on_kvstore=True)")
+        data = self._updater.get_states(dump_optimizer)
+        folder = os.path.dirname(os.path.abspath(fname))
+        with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False,
+                                         prefix=".kvhybrid-states-") as tmp:
+            tmp.write(data)
+        os.replace(tmp.name, fname)  # ranks sharing one path never leave a torn file
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Load optimizer state; every rank must load identical bytes."""
+        self._open()
+
+        def build():
+            if self._updater is None:
+                raise KeyValueError("the store has no optimizer to load states into: call "
+                                    "set_optimizer first")
+            try:
+                with open(fname, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise KeyValueError(f"cannot read optimizer states from {fname!r}: {exc}") from None
+            return data, f"load_optimizer_states of a file with sha256 {hashlib.sha256(data).hexdigest()[:12]}"
+
+        data = self._check("load_optimizer_states", build, f" from {fname!r}")
+        self._updater.set_states(data)
+
+    # -- barrier and lifetime ------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every rank has reached this point."""
+        with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
+            self.group.comm.Barrier()
+
+    _barrier = barrier
+
+    def close(self) -> None:
+        """Stop the watchdog and drop the store's arrays (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self.group.close()
+            self._slots.clear()
+
+    def __repr__(self) -> str:
+        return f"<HybridMPIStore rank {self.rank} of {self.num_workers}, {len(self._slots)} keys>"

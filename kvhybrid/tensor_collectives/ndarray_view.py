@@ -1,0 +1,43 @@
+"""Zero-copy access to NDArray memory, so MPI reads and writes it in place.
+
+``asnumpy()`` costs a full copy (15 ms at 64 MB) and ``nd.array`` more; a
+view built from ``MXNDArrayGetData`` costs microseconds. MXNet's engine is
+asynchronous and does not see writes made through the view, so callers wait
+for the array (``wait_to_write``) before touching it and use it before the
+engine is given more work on it.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+from mxnet.base import _LIB, check_call
+from mxnet.ndarray import NDArray
+
+HOST_DEVICE_TYPES = frozenset({"cpu", "cpu_pinned", "cpu_shared"})
+
+
+def is_host(arr: NDArray) -> bool:
+    """Whether the array lives in host memory that MPI can read directly."""
+    return arr.context.device_type in HOST_DEVICE_TYPES
+
+
+def wait_to_write(arr: NDArray) -> None:
+    """Block until the engine has no pending reads or writes of ``arr``."""
+    check_call(_LIB.MXNDArrayWaitToWrite(arr.handle))
+
+
+def host_view(arr: NDArray) -> np.ndarray:
+    """A numpy array sharing ``arr``'s memory (flat). ``arr`` must be dense and on the host."""
+    if arr.stype != "default":
+        raise ValueError(f"host_view needs a dense array, got stype={arr.stype!r}")
+    if not is_host(arr):
+        raise ValueError(f"host_view needs a host array, got one on {arr.context}")
+    dtype = np.dtype(arr.dtype)
+    count = int(np.prod(arr.shape, dtype=np.int64))
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    ptr = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(arr.handle, ctypes.byref(ptr)))
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr.value)
+    return np.frombuffer(raw, dtype=dtype)

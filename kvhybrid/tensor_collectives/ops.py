@@ -1,0 +1,142 @@
+"""Collectives on NDArrays: one signature everywhere, ``(tensor, ..., group)``.
+
+A *tensor* is what one worker holds of a key: an NDArray, or the list of its
+per-device copies (the MXNET-MPI paper's tensor). Its device arrays are
+reduced locally first, then reduced across the group once, then copied back
+to every device — one collective per key, whatever the number of devices.
+
+Host arrays are handed to MPI in place through zero-copy views; arrays on an
+accelerator go through a pinned host staging buffer.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Sequence, Union
+
+import numpy as np
+import mxnet as mx
+from mxnet.ndarray import NDArray
+
+from .group import Group
+from .ndarray_view import host_view, is_host, wait_to_write
+
+Tensor = Union[NDArray, Sequence[NDArray]]
+
+REDUCE_OPS = ("sum", "max", "min")
+
+
+def _as_list(tensor: Tensor) -> List[NDArray]:
+    arrays = [tensor] if isinstance(tensor, NDArray) else list(tensor)
+    if not arrays or not all(isinstance(a, NDArray) for a in arrays):
+        raise TypeError("tensor must be an NDArray or a non-empty list of NDArrays")
+    return arrays
+
+
+def describe(arr: NDArray) -> str:
+    mb = arr.size * np.dtype(arr.dtype).itemsize / 2**20
+    return f"{tuple(arr.shape)} {np.dtype(arr.dtype).name} ({mb:.1f} MB)"
+
+
+# -- MPI reduction operators per dtype ---------------------------------------------------
+_FP16_OPS: dict = {}
+
+
+def _mpi_op(MPI, op: str, dtype: np.dtype):
+    """The MPI operator for ``op`` on ``dtype``; float16 needs a user-defined one."""
+    if dtype != np.float16:
+        return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
+    if op not in _FP16_OPS:
+        fn = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
+
+        def reduce_fp16(inbuf, inoutbuf, datatype, fn=fn):
+            a = np.frombuffer(inbuf, dtype=np.float16)
+            b = np.frombuffer(inoutbuf, dtype=np.float16)
+            fn(a, b, out=b)
+
+        _FP16_OPS[op] = MPI.Op.Create(reduce_fp16, commute=True)
+    return _FP16_OPS[op]
+
+
+def _mpi_buffer(MPI, view: np.ndarray):
+    if view.dtype == np.float16:
+        return [view, MPI.UINT16_T]  # bytes moved as uint16, reduced by the fp16 operator
+    return view
+
+
+# -- local parts ---------------------------------------------------------------------------
+def reduce_local(arrays: Sequence[NDArray], out: NDArray) -> None:
+    """``out = sum(arrays)`` across a worker's devices (``out`` may be ``arrays[0]``)."""
+    if len(arrays) == 1:
+        if arrays[0] is not out:
+            arrays[0].copyto(out)
+        return
+    inputs = [a if a.context == out.context else a.as_in_context(out.context) for a in arrays]
+    mx.nd.add_n(*inputs, out=out)
+
+
+def copy_to_all(src: NDArray, outs: Sequence[NDArray]) -> None:
+    for o in outs:
+        if o is not src:
+            src.copyto(o)
+
+
+def _in_place(arr: NDArray, group: Group, what: str, fn: Callable[[np.ndarray], None]) -> None:
+    """Run ``fn`` on a host view of ``arr`` (staging it when it is on an accelerator)."""
+    if arr.size == 0:
+        return
+    dog = group.watchdog
+    host = arr if is_host(arr) else group.staging(arr.size, arr.dtype)
+    if host is not arr:
+        arr.reshape((arr.size,)).copyto(host)
+    with dog.waiting(f"the MXNet engine to finish writing {what}", collective=False):
+        wait_to_write(host)
+    with dog.waiting(what):
+        fn(host_view(host))
+    if host is not arr:
+        host.reshape(arr.shape).copyto(arr)
+
+
+# -- collectives ---------------------------------------------------------------------------
+def allreduce_array(arr: NDArray, op: str = "sum", group: Group = None, name: str = "") -> None:
+    """Reduce one array across the group, in place."""
+    MPI = group.MPI
+    mpi_op = _mpi_op(MPI, op, np.dtype(arr.dtype))
+    what = f"allreduce({op}) of {name or 'a tensor'} {describe(arr)} on group {group.name} " \
+           f"of {group.size} ranks"
+    _in_place(arr, group, what,
+              lambda v: group.comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(MPI, v), op=mpi_op))
+
+
+def broadcast_array(arr: NDArray, src: int = 0, group: Group = None, name: str = "") -> None:
+    """Overwrite ``arr`` on every rank with rank ``src``'s copy, in place."""
+    MPI = group.MPI
+    what = f"broadcast from rank {src} of {name or 'a tensor'} {describe(arr)} on group " \
+           f"{group.name} of {group.size} ranks"
+    _in_place(arr, group, what, lambda v: group.comm.Bcast(_mpi_buffer(MPI, v), root=src))
+
+
+def allreduce(tensor: Tensor, op: str = "sum", group: Group = None) -> None:
+    """Reduce ``tensor`` over its devices and over the group; every device array gets the result."""
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {REDUCE_OPS}, got {op!r}")
+    if group is None:
+        raise ValueError("group is required: pass a kvhybrid Group (e.g. store.group)")
+    arrays = _as_list(tensor)
+    if op == "sum":
+        reduce_local(arrays, arrays[0])
+    else:
+        for a in arrays[1:]:
+            fn = mx.nd.maximum if op == "max" else mx.nd.minimum
+            arrays[0][:] = fn(arrays[0], a.as_in_context(arrays[0].context))
+    allreduce_array(arrays[0], op, group)
+    copy_to_all(arrays[0], arrays)
+
+
+def broadcast(tensor: Tensor, src: int = 0, group: Group = None) -> None:
+    """Give every device array of every rank the value of ``tensor[0]`` on rank ``src``."""
+    if group is None:
+        raise ValueError("group is required: pass a kvhybrid Group (e.g. store.group)")
+    if not 0 <= src < group.size:
+        raise ValueError(f"src must be a rank in [0, {group.size}), got {src}")
+    arrays = _as_list(tensor)
+    broadcast_array(arrays[0], src, group)
+    copy_to_all(arrays[0], arrays)

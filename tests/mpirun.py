@@ -1,0 +1,72 @@
+"""Starting real MPI jobs from tests: ``mpirun`` on this machine, with a hard timeout."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    output: str
+    seconds: float
+
+
+def mpirun_command(n: int) -> list:
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise RuntimeError("mpirun not found: run scripts/setup.sh (it installs Open MPI)")
+    cmd = [mpirun, "-np", str(n)]
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        cmd += ["--oversubscribe", "--bind-to", "none", "--tag-output"]
+    return cmd
+
+
+def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    env.update(extra or {})
+    return env
+
+
+def run_job(n: int, script: str, args: Sequence[str] = (), timeout: float = 240,
+            env: Optional[Dict[str, str]] = None) -> JobResult:
+    """Run ``tests/workers/<script>`` on ``n`` ranks; kill the whole job after ``timeout``."""
+    cmd = mpirun_command(n) + [sys.executable, str(WORKERS / script), *map(str, args)]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=job_env(env), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"mpirun job {script} {list(args)} still running after {timeout} s "
+                             f"(killed):\n{out[-4000:]}")
+    return JobResult(proc.returncode, out, time.monotonic() - start)
+
+
+def run_python(code: str, timeout: float = 60, env: Optional[Dict[str, str]] = None) -> JobResult:
+    """Run ``python -c code`` as a plain process (no MPI launcher)."""
+    start = time.monotonic()
+    base = job_env(env)
+    for var in [v for v in base if v.startswith(("OMPI_COMM_WORLD", "PMI", "PMIX"))]:
+        del base[var]
+    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=base, timeout=timeout)
+    return JobResult(proc.returncode, proc.stdout, time.monotonic() - start)

@@ -1,0 +1,68 @@
+"""Make bad calls on purpose; record what each rank raised; prove the store still works after.
+
+argv: OUT_DIR. Writes OUT_DIR/rank<r>.json: {scenario: message or null, ...}.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import mxnet as mx
+
+import kvhybrid
+
+out_dir = sys.argv[1]
+kv = mx.kv.create("hybrid-mpi")
+rank, size = kv.rank, kv.num_workers
+results = {}
+
+
+def attempt(name, fn):
+    try:
+        fn()
+        results[name] = None
+    except kvhybrid.KeyValueError as exc:
+        results[name] = str(exc)
+
+
+ones = lambda shape=(4, 4), dtype="float32": mx.nd.ones(shape, dtype=dtype)  # noqa: E731
+kv.init(0, ones() * 10)
+other = 99 if rank == 1 else 0
+
+attempt("unknown_key_all_ranks", lambda: kv.pushpull(99, ones()))
+attempt("unknown_key_one_rank", lambda: kv.pushpull(other, ones()))
+attempt("push_never_initialised", lambda: kv.push(98, ones()))
+attempt("pull_never_initialised", lambda: kv.pull(97, out=ones()))
+attempt("broadcast_shape_differs",
+        lambda: kv.broadcast("w", ones((4, 5) if rank == 1 else (4, 4)), out=ones((4, 5) if rank == 1 else (4, 4))))
+attempt("init_dtype_differs", lambda: kv.init("d", ones(dtype="float64" if rank == 1 else "float32")))
+attempt("value_shape_one_rank", lambda: kv.push(0, ones((2, 8)) if rank == size - 1 else ones()))
+attempt("out_length_differs", lambda: kv.pushpull(0, [ones(), ones()], out=[ones()]))
+attempt("out_shape_differs", lambda: kv.pushpull(0, ones(), out=ones((4, 3)) if rank == 0 else ones()))
+attempt("bad_key_type", lambda: kv.pushpull(1.5, ones()))
+attempt("init_twice", lambda: kv.init(0, ones()))
+attempt("optimizer_differs",
+        lambda: kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1 if rank == 0 else 0.2)))
+
+# Nothing above may have changed the store: key 0 still holds rank 0's init value ...
+pulled = mx.nd.zeros((4, 4))
+kv.pull(0, out=pulled)
+results["value_after_errors"] = float(pulled.asnumpy().mean())
+# ... and the ranks are still in step: a collective works and sums correctly.
+grad = ones() * (rank + 1)
+kv.pushpull(0, grad)
+results["sum_after_errors"] = float(grad.asnumpy().mean())
+
+# Optimizer states loaded from files that differ between ranks.
+kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+kv.pushpull(0, ones(), out=ones())
+states = os.path.join(out_dir, f"states-{rank}")
+kv.save_optimizer_states(states)
+if rank == 1:
+    with open(states, "wb") as f:
+        f.write(open(states, "rb").read() + b"tampered")
+attempt("optimizer_states_differ", lambda: kv.load_optimizer_states(states))
+
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(results, f)
+kv.close()

@@ -1,0 +1,40 @@
+"""Train MLP and CNN through hybrid-mpi, for both update_on_kvstore settings; dump weights.
+
+argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH
+Every rank writes OUT_DIR/<model>-uok<0|1>-rank<r>.npz; rank 0 also writes the
+initial weights it started from (<model>-init.params) for the reference run.
+"""
+import os
+import sys
+
+import numpy as np
+import mxnet as mx
+from mxnet import gluon
+
+sys.path.insert(0, os.path.dirname(__file__))
+import kvhybrid  # noqa: E402,F401  registers 'hybrid-mpi'
+from models import make_net, make_optimizer, sample_input, train_steps, weights  # noqa: E402
+
+out_dir, ndev, steps, per_device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ctxs = [mx.cpu(i) for i in range(ndev)]
+
+for model in ("mlp", "cnn"):
+    for uok in (True, False):
+        kv = mx.kv.create("hybrid-mpi")
+        rank, size = kv.rank, kv.num_workers
+        mx.random.seed(100 + rank)  # different initial weights per rank: broadcast_parameters fixes it
+        net = make_net(model)
+        net.initialize(mx.init.Xavier(), ctx=ctxs)
+        net(sample_input(model).as_in_context(ctxs[0]))  # finish deferred initialisation
+        kvhybrid.broadcast_parameters(net.collect_params(), kv)
+        if rank == 0:
+            net.save_parameters(os.path.join(out_dir, f"{model}-uok{int(uok)}-init.params"))
+        name, params = make_optimizer()
+        trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kv,
+                                update_on_kvstore=uok)
+        loss = train_steps(net, trainer, model, steps, per_device, ctxs,
+                           offset=rank * ndev * per_device, total=size * ndev * per_device)
+        assert trainer._update_on_kvstore == uok, trainer._update_on_kvstore
+        np.savez(os.path.join(out_dir, f"{model}-uok{int(uok)}-rank{rank}.npz"), **weights(net))
+        print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f}", flush=True)
+        kv.close()
