@@ -35,7 +35,7 @@ def agree(group: Group, what: str, signature, local_error: Optional[str], about:
     MPI = group.MPI
     sig = _digest(signature) if local_error is None else 0
     flags = np.array([sig, -sig, 1 if local_error else 0], dtype=np.int64)
-    with group.watchdog.waiting(f"the ranks to agree on {what}{about}"):
+    with group.watchdog.waiting(lambda: f"the ranks to agree on {what}{about}"):
         group.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
     if flags[0] == -flags[1] and flags[2] == 0:
         return

@@ -9,6 +9,7 @@ engine is given more work on it.
 from __future__ import annotations
 
 import ctypes
+from typing import Optional
 
 import numpy as np
 from mxnet.base import _LIB, check_call
@@ -27,14 +28,20 @@ def wait_to_write(arr: NDArray) -> None:
     check_call(_LIB.MXNDArrayWaitToWrite(arr.handle))
 
 
-def host_view(arr: NDArray) -> np.ndarray:
-    """A numpy array sharing ``arr``'s memory (flat). ``arr`` must be dense and on the host."""
-    if arr.stype != "default":
-        raise ValueError(f"host_view needs a dense array, got stype={arr.stype!r}")
-    if not is_host(arr):
-        raise ValueError(f"host_view needs a host array, got one on {arr.context}")
-    dtype = np.dtype(arr.dtype)
-    count = int(np.prod(arr.shape, dtype=np.int64))
+def host_view(arr: NDArray, dtype=None, count: Optional[int] = None) -> np.ndarray:
+    """A flat numpy array sharing ``arr``'s memory; ``arr`` must be a dense host array.
+
+    ``dtype`` and ``count`` may be passed when the caller knows them, to save
+    the calls into MXNet that look them up.
+    """
+    if dtype is None or count is None:
+        if arr.stype != "default":
+            raise ValueError(f"host_view needs a dense array, got stype={arr.stype!r}")
+        if not is_host(arr):
+            raise ValueError(f"host_view needs a host array, got one on {arr.context}")
+        dtype = np.dtype(arr.dtype)
+        count = int(np.prod(arr.shape, dtype=np.int64))
+    dtype = np.dtype(dtype)
     if count == 0:
         return np.empty(0, dtype=dtype)
     ptr = ctypes.c_void_p()

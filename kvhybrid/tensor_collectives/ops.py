@@ -10,6 +10,7 @@ accelerator go through a pinned host staging buffer.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, List, Sequence, Union
 
 import numpy as np
@@ -65,6 +66,8 @@ def _mpi_buffer(MPI, view: np.ndarray):
 # -- local parts ---------------------------------------------------------------------------
 def reduce_local(arrays: Sequence[NDArray], out: NDArray) -> None:
     """``out = sum(arrays)`` across a worker's devices (``out`` may be ``arrays[0]``)."""
+    if out.size == 0:  # MXNet's copy and sum operators reject empty arrays
+        return
     if len(arrays) == 1:
         if arrays[0] is not out:
             arrays[0].copyto(out)
@@ -74,25 +77,34 @@ def reduce_local(arrays: Sequence[NDArray], out: NDArray) -> None:
 
 
 def copy_to_all(src: NDArray, outs: Sequence[NDArray]) -> None:
+    if src.size == 0:
+        return
     for o in outs:
         if o is not src:
             src.copyto(o)
 
 
-def _in_place(arr: NDArray, group: Group, what: str, fn: Callable[[np.ndarray], None]) -> None:
-    """Run ``fn`` on a host view of ``arr`` (staging it when it is on an accelerator)."""
-    if arr.size == 0:
+def _in_place(arr: NDArray, group: Group, what: Callable[[], str],
+              fn: Callable[[np.ndarray], None]) -> None:
+    """Run ``fn`` on a host view of ``arr`` (staging it when it is on an accelerator).
+
+    ``what`` describes the operation for the watchdog; it is only called when
+    a wait has to be reported, keeping string formatting off the hot path.
+    """
+    shape, dtype = arr.shape, np.dtype(arr.dtype)
+    count = math.prod(shape)
+    if count == 0:
         return
     dog = group.watchdog
-    host = arr if is_host(arr) else group.staging(arr.size, arr.dtype)
+    host = arr if is_host(arr) else group.staging(count, dtype)
     if host is not arr:
-        arr.reshape((arr.size,)).copyto(host)
-    with dog.waiting(f"the MXNet engine to finish writing {what}", collective=False):
+        arr.reshape((count,)).copyto(host)
+    with dog.waiting(lambda: f"the MXNet engine to finish writing {what()}", collective=False):
         wait_to_write(host)
     with dog.waiting(what):
-        fn(host_view(host))
+        fn(host_view(host, dtype, count))
     if host is not arr:
-        host.reshape(arr.shape).copyto(arr)
+        host.reshape(shape).copyto(arr)
 
 
 # -- collectives ---------------------------------------------------------------------------
@@ -100,18 +112,19 @@ def allreduce_array(arr: NDArray, op: str = "sum", group: Group = None, name: st
     """Reduce one array across the group, in place."""
     MPI = group.MPI
     mpi_op = _mpi_op(MPI, op, np.dtype(arr.dtype))
-    what = f"allreduce({op}) of {name or 'a tensor'} {describe(arr)} on group {group.name} " \
-           f"of {group.size} ranks"
-    _in_place(arr, group, what,
+    _in_place(arr, group,
+              lambda: f"allreduce({op}) of {name or 'a tensor'} {describe(arr)} on group "
+                      f"{group.name} of {group.size} ranks",
               lambda v: group.comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(MPI, v), op=mpi_op))
 
 
 def broadcast_array(arr: NDArray, src: int = 0, group: Group = None, name: str = "") -> None:
     """Overwrite ``arr`` on every rank with rank ``src``'s copy, in place."""
     MPI = group.MPI
-    what = f"broadcast from rank {src} of {name or 'a tensor'} {describe(arr)} on group " \
-           f"{group.name} of {group.size} ranks"
-    _in_place(arr, group, what, lambda v: group.comm.Bcast(_mpi_buffer(MPI, v), root=src))
+    _in_place(arr, group,
+              lambda: f"broadcast from rank {src} of {name or 'a tensor'} {describe(arr)} on "
+                      f"group {group.name} of {group.size} ranks",
+              lambda v: group.comm.Bcast(_mpi_buffer(MPI, v), root=src))
 
 
 def allreduce(tensor: Tensor, op: str = "sum", group: Group = None) -> None:
@@ -123,9 +136,9 @@ def allreduce(tensor: Tensor, op: str = "sum", group: Group = None) -> None:
     arrays = _as_list(tensor)
     if op == "sum":
         reduce_local(arrays, arrays[0])
-    else:
+    elif arrays[0].size:
+        fn = mx.nd.maximum if op == "max" else mx.nd.minimum
         for a in arrays[1:]:
-            fn = mx.nd.maximum if op == "max" else mx.nd.minimum
             arrays[0][:] = fn(arrays[0], a.as_in_context(arrays[0].context))
     allreduce_array(arrays[0], op, group)
     copy_to_all(arrays[0], arrays)

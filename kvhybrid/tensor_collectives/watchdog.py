@@ -21,7 +21,10 @@ import socket
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional, Union
+
+#: What a wait is for: a text, or a function making it (called only when reported).
+Description = Union[str, Callable[[], str]]
 
 import numpy as np
 
@@ -101,7 +104,7 @@ class Watchdog:
 
     # -- the public part ---------------------------------------------------------------
     @contextlib.contextmanager
-    def waiting(self, what: str, collective: bool = True):
+    def waiting(self, what: Description, collective: bool = True):
         """Run a blocking wait described by ``what`` under the timeout.
 
         Collective waits are numbered (the same numbers on every rank, since
@@ -165,9 +168,10 @@ class Watchdog:
 
     def _run(self) -> None:
         while not self._stop.wait(_POLL_SECONDS):
-            what, seq = self._what, self._seq
-            if what is None:
+            current, seq = self._what, self._seq
+            if current is None:
                 continue
+            what = current() if callable(current) else current
             elapsed = time.monotonic() - self._since
             gone = self._gone_peer(seq)
             if gone:
@@ -175,7 +179,7 @@ class Watchdog:
                                      f"(wait #{seq}); aborting the job. Every rank must make the "
                                      "same calls; look at that rank's output for the cause.")
                 return
-            if elapsed > self.timeout and self._what is what:
+            if elapsed > self.timeout and self._what is current:
                 abort_job(self._MPI, f"kvhybrid: rank {self.rank} timed out after {self.timeout:.0f} s "
                                      f"waiting for {what} (wait #{seq}): {self._laggards(seq)}. "
                                      "A rank is stuck or ran a different sequence of calls; if this "
