@@ -7,7 +7,7 @@ from .errors import ConfigError, KeyValueError, KVHybridError, NotInMPIJobError
 from .kvstore import HybridMPIStore, broadcast_parameters, register as _register
 
 __version__ = "0.1.0"
-__all__ = ["HybridMPIStore", "broadcast_parameters", "StoreConfig", "KVHybridError", "KeyValueError", "NotInMPIJobError",
-           "ConfigError", "__version__"]
+__all__ = ["HybridMPIStore", "broadcast_parameters", "StoreConfig", "KVHybridError",
+           "KeyValueError", "NotInMPIJobError", "ConfigError", "__version__"]
 
 _register()

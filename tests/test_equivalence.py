@@ -10,9 +10,9 @@ import os
 import numpy as np
 import mxnet as mx
 import pytest
-from mxnet import gluon
+from mxnet import autograd, gluon
 
-from models import make_net, make_optimizer, train_steps, weights
+from models import batch, make_net, make_optimizer, weights
 from mpirun import run_job
 
 STEPS, PER_DEVICE = 4, 3
@@ -37,8 +37,6 @@ def reference(model: str, init: str, ranks: int, ndev: int) -> dict:
     total = ranks * ndev * PER_DEVICE
     # step(batch) with the per-worker batch: dist_sync semantics (gradients are summed).
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    from models import batch
-    from mxnet import autograd
     for step in range(STEPS):
         x, y = batch(model, step, total)
         with autograd.record():

@@ -1,5 +1,4 @@
 """kvhybrid-launch: the mpirun command it builds, its errors, and a real job through it."""
-import os
 import subprocess
 import sys
 

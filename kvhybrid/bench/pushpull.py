@@ -52,33 +52,38 @@ def _timed(fn, repeats: int, warmup: int, barrier) -> List[float]:
     return times
 
 
-def worker_mpi(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
+def _mpi_cases(kv, comm, MPI, key: int, n: int) -> Dict:
+    """The calls compared at one key size, on buffers of ``n`` float32."""
     import numpy as np
     import mxnet as mx
-    import kvhybrid  # noqa: F401
     from kvhybrid.tensor_collectives.ndarray_view import host_view
+
+    buf = np.ones(n, dtype=np.float32)
+    recv = np.empty_like(buf)
+    raw_nd = mx.nd.ones((n,))
+    raw_nd.wait_to_read()
+    raw_view = host_view(raw_nd)   # the same kind of memory the store works on
+    grad, out = mx.nd.ones((n,)), mx.nd.zeros((n,))
+    kv.init(key, mx.nd.zeros((n,)))
+    return {
+        "mpi_allreduce_inplace": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+        "mpi_allreduce": lambda: comm.Allreduce(buf, recv, op=MPI.SUM),
+        "mpi_allreduce_ndarray": lambda: comm.Allreduce(MPI.IN_PLACE, raw_view, op=MPI.SUM),
+        "hybrid_pushpull_inplace": lambda: kv.pushpull(key, grad),
+        "hybrid_pushpull_out": lambda: kv.pushpull(key, grad, out=out),
+    }
+
+
+def worker_mpi(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
+    import mxnet as mx
+    import kvhybrid  # noqa: F401
     from mpi4py import MPI
 
     kv = mx.kv.create("hybrid-mpi")
     comm = MPI.COMM_WORLD
     results: Dict[str, Dict[str, List[float]]] = {}
     for key, size_mb in enumerate(sizes_mb):
-        n = int(size_mb * MB) // 4
-        buf = np.ones(n, dtype=np.float32)
-        recv = np.empty_like(buf)
-        raw_nd = mx.nd.ones((n,))
-        raw_nd.wait_to_read()
-        raw_view = host_view(raw_nd)   # the same kind of memory the store works on
-        grad = mx.nd.ones((n,))
-        out = mx.nd.zeros((n,))
-        kv.init(key, mx.nd.zeros((n,)))
-        cases = {
-            "mpi_allreduce_inplace": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-            "mpi_allreduce": lambda: comm.Allreduce(buf, recv, op=MPI.SUM),
-            "mpi_allreduce_ndarray": lambda: comm.Allreduce(MPI.IN_PLACE, raw_view, op=MPI.SUM),
-            "hybrid_pushpull_inplace": lambda: kv.pushpull(key, grad),
-            "hybrid_pushpull_out": lambda: kv.pushpull(key, grad, out=out),
-        }
+        cases = _mpi_cases(kv, comm, MPI, key, int(size_mb * MB) // 4)
         times = {name: [] for name in cases}
         for fn in cases.values():
             _timed(fn, 0, warmup, comm.Barrier)
@@ -86,7 +91,6 @@ def worker_mpi(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
             for name, fn in cases.items():
                 times[name] += _timed(fn, 1, 0, comm.Barrier)
         results[str(size_mb)] = times
-        del buf, recv, grad, out, raw_view, raw_nd
     kv.close()
     return results if comm.rank == 0 else {}
 
@@ -110,6 +114,14 @@ def worker_horovod(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
     return results if hvd.rank() == 0 else {}
 
 
+def _push_pull(kv, key: int, grad):
+    def call():
+        kv.push(key, grad)
+        kv.pull(key, out=grad)
+        grad.wait_to_read()
+    return call
+
+
 def worker_dist_sync(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
     import mxnet as mx
 
@@ -117,18 +129,11 @@ def worker_dist_sync(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
     results = {}
     for key, size_mb in enumerate(sizes_mb):
         n = int(size_mb * MB) // 4
-        grad = mx.nd.ones((n,))
         kv.init(key, mx.nd.zeros((n,)))
-
-        def push_pull():
-            kv.push(key, grad)
-            kv.pull(key, out=grad)
-            grad.wait_to_read()
-
-        results[str(size_mb)] = {"dist_sync_push_pull": _timed(push_pull, repeats, warmup,
-                                                                kv._barrier)}
+        results[str(size_mb)] = {"dist_sync_push_pull": _timed(
+            _push_pull(kv, key, mx.nd.ones((n,))), repeats, warmup, kv._barrier)}
     rank = kv.rank
-    del kv  # release the ps-lite handle before interpreter teardown
+    del kv  # release the ps-lite handle now: kept into teardown it aborts the process
     return results if rank == 0 else {}
 
 

@@ -21,7 +21,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import pickle
 import tempfile
 import weakref
 from typing import Dict, List, Optional
@@ -273,7 +272,8 @@ class HybridMPIStore(mx.kv.KVStore):
                     data = f.read()
             except OSError as exc:
                 raise KeyValueError(f"cannot read optimizer states from {fname!r}: {exc}") from None
-            return data, f"load_optimizer_states of a file with sha256 {hashlib.sha256(data).hexdigest()[:12]}"
+            digest = hashlib.sha256(data).hexdigest()[:12]
+            return data, f"load_optimizer_states of a file with sha256 {digest}"
 
         data = self._check("load_optimizer_states", build, f" from {fname!r}")
         self._updater.set_states(data)

@@ -23,12 +23,12 @@ import threading
 import time
 from typing import Callable, List, Optional, Union
 
-#: What a wait is for: a text, or a function making it (called only when reported).
-Description = Union[str, Callable[[], str]]
-
 import numpy as np
 
 log = logging.getLogger("kvhybrid")
+
+#: What a wait is for: a text, or a function making it (called only when reported).
+Description = Union[str, Callable[[], str]]
 
 _POLL_SECONDS = 0.25
 _ABORT_GRACE_SECONDS = 5.0
@@ -74,7 +74,7 @@ class Watchdog:
         self._local: List[int] = [r for r, (h, _) in enumerate(self.peers) if h == host]
         self._board, self._board_window = self._make_board()
         self._seq = 0
-        self._what: Optional[str] = None
+        self._what: Optional[Description] = None
         self._since = 0.0
         self._warned = False
         self._stop = threading.Event()

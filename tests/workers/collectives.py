@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import mxnet as mx
 
-import kvhybrid
+import kvhybrid  # noqa: F401  registers hybrid-mpi
 from kvhybrid.tensor_collectives import allreduce, broadcast, ops
 
 kv = mx.kv.create("hybrid-mpi")

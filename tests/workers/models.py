@@ -60,7 +60,7 @@ def train_steps(net, trainer, model: str, steps: int, per_device: int, ctxs, off
                 losses.append(loss_fn(net(xb), yb))
         autograd.backward(losses)
         trainer.step(per_device * len(ctxs))
-        last = float(sum(l.sum().asscalar() for l in losses))
+        last = float(sum(loss.sum().asscalar() for loss in losses))
     return last
 
 
