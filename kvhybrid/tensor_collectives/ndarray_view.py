@@ -47,4 +47,5 @@ def host_view(arr: NDArray, dtype=None, count: Optional[int] = None) -> np.ndarr
     ptr = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(arr.handle, ctypes.byref(ptr)))
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr.value)
+    raw.owner = arr  # the view (whose base is raw) keeps the NDArray, and so its memory, alive
     return np.frombuffer(raw, dtype=dtype)
