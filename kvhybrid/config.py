@@ -37,6 +37,16 @@ def _parse_seconds(name: str, raw: str) -> float:
     return value
 
 
+def _parse_count(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} is not a count: set it to an integer >= 0")
+    return value
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """What a ``hybrid-mpi`` store does; one field per ``KVHYBRID_*`` variable."""
@@ -54,12 +64,19 @@ class StoreConfig:
     #: KVHYBRID_ALLOW_SINGLETON: allow a store in a process that was not
     #: started by an MPI launcher (it then is a job of one rank).
     allow_singleton: bool = False
+    #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
+    num_servers: int = 0
+    #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
+    #: of client groups (one ps-lite worker, the group's master, per group).
+    num_clients: int = 1
 
     _ENV = {
         "timeout": ("KVHYBRID_TIMEOUT", _parse_seconds),
         "stall_warning": ("KVHYBRID_STALL_WARNING", _parse_seconds),
         "abort_on_error": ("KVHYBRID_ABORT_ON_ERROR", _parse_bool),
         "allow_singleton": ("KVHYBRID_ALLOW_SINGLETON", _parse_bool),
+        "num_servers": ("DMLC_NUM_SERVER", _parse_count),
+        "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }
 
     @classmethod
@@ -71,9 +88,8 @@ class StoreConfig:
             raw = env.get(name)
             if raw is not None and raw.strip() != "":
                 values[field.name] = parse(name, raw)
+        if values.get("num_servers", 0) == 0 or env.get("DMLC_ROLE") != "worker":
+            values["num_clients"] = 1  # DMLC_NUM_WORKER counts ps-lite workers, if any
+        elif values.get("num_clients", 1) < 1:
+            raise ConfigError("DMLC_NUM_WORKER must be the number of client groups (>= 1)")
         return cls(**values)
-
-    @classmethod
-    def variables(cls) -> dict:
-        """``{variable: (field, default)}``, for docs and ``--help``."""
-        return {cls._ENV[f.name][0]: (f.name, f.default) for f in fields(cls)}

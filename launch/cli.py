@@ -1,11 +1,13 @@
-"""``kvhybrid-launch``: run a training script on N MPI ranks with kvhybrid's settings.
+"""``kvhybrid-launch``: start a kvhybrid job — scheduler, servers and one mpirun per client group.
 
-    kvhybrid-launch -n 4 python train.py --epochs 3
-    kvhybrid-launch -n 8 -H node1:4,node2:4 python train.py
+    kvhybrid-launch -n 4 python train.py                           # pure MPI: one mpirun
+    kvhybrid-launch -n 4 --clients 2 --servers 2 python train.py   # 2 groups of 2 + 2 servers
+    kvhybrid-launch -n 8 --clients 2 --servers 2 --hostfile hosts --launcher ssh python train.py
 
-Prints the mpirun command it runs, forwards ``KVHYBRID_*``, ``MXNET_*``,
-``OMP_*`` and ``DMLC_*`` variables to every rank, and exits with the job's
-exit code. Bad arguments exit with code 2 and start nothing.
+Prints the sizing table before starting anything, prefixes every output line
+with the process it came from, stops the whole job within seconds when any
+process fails (naming it, with the tail of its output) or on Ctrl-C, and exits
+with the job's exit code. Bad arguments exit with code 2 and start nothing.
 """
 from __future__ import annotations
 
@@ -14,35 +16,44 @@ import logging
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
-from typing import List, Optional
+import time
+from typing import Dict, List, Optional
 
+from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
 from .mpirun import DEFAULT_ENV, MpiJob, build_command, find_mpirun, flavour, job_env
+from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
+from .supervisor import Supervisor
+from .transport import TRANSPORTS, address, free_port, wrap
 
 log = logging.getLogger("kvhybrid.launch")
+
+SCHEDULER_TRIES = 3
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="kvhybrid-launch", description=__doc__.split("\n\n")[0],
-        epilog="Variables set for every rank unless already set: "
+        epilog="Set for every process unless already set: "
                + ", ".join(f"{k}={v}" for k, v in DEFAULT_ENV.items()))
     p.add_argument("-n", "--num-workers", type=int, required=True, metavar="N",
-                   help="number of worker processes (MPI ranks)")
+                   help="number of worker processes (MPI ranks, all client groups together)")
+    p.add_argument("--clients", type=int, help="client groups (default 1; with --auto: hosts)")
+    p.add_argument("-s", "--servers", type=int,
+                   help="parameter servers (default 0 = pure MPI; with --auto: hosts if --sparse)")
+    p.add_argument("--auto", action="store_true",
+                   help="size like Parallax: a server per host for sparse models, none for dense; "
+                        "a client group per host")
+    p.add_argument("--sparse", action="store_true", help="the model has row_sparse keys (--auto)")
     p.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:4,node2:4 (default: this machine)")
     p.add_argument("--hostfile", help="an MPI hostfile ('host slots=N' lines)")
-    p.add_argument("--servers", type=int, default=0,
-                   help="parameter servers; only 0 (pure MPI) is supported so far")
-    p.add_argument("--mpi-args", default="", help="extra arguments for mpirun, quoted")
-    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.add_argument("--launcher", default="local", choices=TRANSPORTS,
+                   help="how processes reach their hosts: local, ssh, or netns (host names are "
+                        "network namespaces on this machine)")
+    p.add_argument("--mpi-args", default="", help="extra arguments for each mpirun, quoted")
+    p.add_argument("--dry-run", action="store_true", help="print the table and commands, start nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
     args = p.parse_args(argv)
-    if args.num_workers < 1:
-        p.error(f"-n must be at least 1, got {args.num_workers}")
-    if args.servers != 0:
-        p.error(f"--servers {args.servers}: only --servers 0 (pure MPI) is supported so far")
     if args.hosts and args.hostfile:
         p.error("give either -H/--hosts or --hostfile, not both")
     if args.hostfile and not os.path.isfile(args.hostfile):
@@ -57,35 +68,123 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     return args
 
 
+def make_plan(args) -> JobPlan:
+    if args.hosts:
+        hosts = parse_host_list(args.hosts)
+    elif args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    else:
+        hosts = local_hosts(args.num_workers)
+    return plan_job(JobSpec(args.num_workers, args.clients, args.servers, tuple(hosts),
+                            args.launcher, args.auto, args.sparse))
+
+
+class Job:
+    """The processes of one planned job and how to start them."""
+
+    def __init__(self, plan: JobPlan, command: List[str], mpi_args: List[str]):
+        self.plan = plan
+        self.transport = plan.spec.launcher
+        self.command = list(command)
+        if self.command[0] in ("python", "python3"):
+            self.command[0] = sys.executable  # the launcher's interpreter and virtual environment
+        self.mpi_args = mpi_args
+        self.mpirun = find_mpirun()
+        self.mpi_kind = flavour(self.mpirun)
+        self.base_env = job_env({})
+        hosts = {h.name for h in plan.spec.hosts}
+        self.addresses = {h: address(self.transport, h) for h in hosts} if plan.num_servers else {}
+        self.port: Optional[int] = None
+
+    def dmlc_env(self, role: str, host: str) -> Dict[str, str]:
+        if not self.plan.num_servers:
+            return {}
+        return {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": self.addresses[self.plan.scheduler_host],
+                "DMLC_PS_ROOT_PORT": str(self.port), "DMLC_NUM_SERVER": str(self.plan.num_servers),
+                "DMLC_NUM_WORKER": str(self.plan.num_clients), "DMLC_NODE_HOST": self.addresses[host],
+                "PS_VERBOSE": self.base_env.get("PS_VERBOSE", "0")}
+
+    def _ps_node(self, role: str, host: str):
+        env = self.dmlc_env(role, host)
+        cmd = [sys.executable, "-c", "import mxnet"]  # ps-lite runs its loop inside the import
+        return wrap(self.transport, host, cmd, env, self.base_env), {**self.base_env, **env}
+
+    def client(self, c):
+        env = {**self.dmlc_env("worker", c.master_host), "KVHYBRID_CLIENT_ID": str(c.client)}
+        full = {**self.base_env, **env}
+        hosts = None
+        if self.transport == "ssh" or (self.transport == "local" and len(self.plan.spec.hosts) > 1):
+            hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
+        cmd = build_command(MpiJob(c.size, self.command, hosts, extra_args=self.mpi_args),
+                            self.mpirun, self.mpi_kind, full)
+        if self.transport == "netns":  # the group's mpirun runs inside its host's namespace
+            cmd = wrap("netns", c.master_host, cmd, env, self.base_env)
+        return cmd, full
+
+    def commands(self) -> List[str]:
+        """Every command with its settings, as one would type them by hand."""
+        lines = []
+        if self.plan.num_servers:
+            lines.append(self._show("scheduler", *self._ps_node("scheduler", self.plan.scheduler_host)))
+            for i, host in enumerate(self.plan.server_hosts):
+                lines.append(self._show(f"server {i}", *self._ps_node("server", host)))
+        for c in self.plan.clients:
+            lines.append(self._show(f"client {c.client}", *self.client(c)))
+        return lines
+
+    def _show(self, name: str, cmd: List[str], env: Dict[str, str]) -> str:
+        settings = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
+                            if k.startswith(("DMLC_", "KVHYBRID_", "PS_")) or k in DEFAULT_ENV)
+        return f"  {name}: {settings} {shlex.join(cmd)}".rstrip()
+
+    def run(self, sup: Supervisor) -> int:
+        plan = self.plan
+        if plan.num_servers:
+            if not self._start_scheduler(sup):
+                return 1
+            for i, host in enumerate(plan.server_hosts):
+                sup.start(f"server {i}", host, *self._ps_node("server", host), essential=False)
+        for c in plan.clients:
+            sup.start(f"client {c.client}", c.master_host, *self.client(c), essential=True)
+        return sup.wait()
+
+    def _start_scheduler(self, sup: Supervisor) -> bool:
+        """Start the scheduler; a port taken between probe and bind means another try."""
+        host = self.plan.scheduler_host
+        for attempt in range(1, SCHEDULER_TRIES + 1):
+            self.port = free_port(self.transport, host)
+            proc = sup.start("scheduler", host, *self._ps_node("scheduler", host), essential=False)
+            time.sleep(0.5)
+            if proc.popen.poll() is None:
+                return True
+            log.warning("the scheduler exited at once on port %d (attempt %d of %d); retrying",
+                        self.port, attempt, SCHEDULER_TRIES)
+            sup.procs.remove(proc)
+        log.error("the scheduler did not start in %d tries; its last output:\n%s",
+                  SCHEDULER_TRIES, "\n".join(proc.tail))
+        return False
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="kvhybrid-launch: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        mpirun = find_mpirun()
-    except FileNotFoundError as exc:
-        print(f"kvhybrid-launch: {exc}", file=sys.stderr)
+        plan = make_plan(args)
+        job = Job(plan, args.command, shlex.split(args.mpi_args))
+        if plan.num_servers:
+            job.port = free_port(job.transport, plan.scheduler_host)
+    except (SizingError, HostError, FileNotFoundError, ValueError, OSError) as exc:
+        print(f"kvhybrid-launch: error: {exc}", file=sys.stderr)
         return 2
-    env = job_env({})
-    command = list(args.command)
-    if command[0] in ("python", "python3"):
-        command[0] = sys.executable  # the interpreter (and virtual environment) of the launcher
-    job = MpiJob(args.num_workers, command, args.hosts, args.hostfile,
-                 extra_args=shlex.split(args.mpi_args))
-    cmd = build_command(job, mpirun, flavour(mpirun), env)
-    log.info("%d workers in 1 client group, 0 servers (pure MPI)", args.num_workers)
-    log.info("running: %s", shlex.join(cmd))
+    print(format_table(plan, {"scheduler": job.port}), flush=True)
     if args.dry_run:
+        print("commands (the same job by hand):\n" + "\n".join(job.commands()), flush=True)
         return 0
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        rc = proc.wait()
-    except KeyboardInterrupt:  # mpirun got the SIGINT too (same process group) and stops the ranks
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait()
-    if rc != 0:
-        log.error("the job failed with exit code %d (see the ranks' output above)", rc)
+    rc = job.run(Supervisor())
+    if rc == 0:
+        log.info("the job finished")
+    else:
+        log.error("the job failed (exit code %d)", rc)
     return rc
 
 

@@ -70,3 +70,21 @@ def run_python(code: str, timeout: float = 60, env: Optional[Dict[str, str]] = N
     proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, env=base, timeout=timeout)
     return JobResult(proc.returncode, proc.stdout, time.monotonic() - start)
+
+
+def run_launcher(launcher_args: Sequence[str], script: str, args: Sequence[str] = (),
+                 timeout: float = 240, env: Optional[Dict[str, str]] = None) -> JobResult:
+    """Run ``kvhybrid-launch LAUNCHER_ARGS python tests/workers/<script> ARGS``."""
+    cmd = [sys.executable, "-m", "kvhybrid.launch.cli", *map(str, launcher_args),
+           "python", str(WORKERS / script), *map(str, args)]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=job_env(env), start_new_session=True, cwd=ROOT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"kvhybrid-launch {list(launcher_args)} {script} still running after "
+                             f"{timeout} s (killed):\n{out[-4000:]}")
+    return JobResult(proc.returncode, out, time.monotonic() - start)

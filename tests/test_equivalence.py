@@ -3,7 +3,9 @@
 Real mpirun jobs of 2 and 4 ranks with 1 and 2 devices (mx.cpu(i)) per rank
 train an MLP and a CNN with SGD + momentum + weight decay, for both
 update_on_kvstore settings. Ranks start from different random weights, so the
-store's broadcast has to make them equal before training.
+store's broadcast has to make them equal before training. Shapes with client
+groups and parameter servers run through kvhybrid-launch with real ps-lite
+servers (the servers then apply the optimizer).
 """
 import os
 
@@ -13,18 +15,28 @@ import pytest
 from mxnet import autograd, gluon
 
 from models import batch, make_net, make_optimizer, weights
-from mpirun import run_job
+from mpirun import run_job, run_launcher
 
 STEPS, PER_DEVICE = 4, 3
-SHAPES = [(2, 1), (2, 2), (4, 1), (4, 2)]  # (ranks, devices per rank)
+# (workers, devices per worker, client groups, servers)
+SHAPES = [(2, 1, 1, 0), (2, 2, 1, 0), (4, 1, 1, 0), (4, 2, 1, 0), (4, 1, 2, 2), (4, 2, 4, 2),
+          (4, 1, 1, 1)]
 
 
-@pytest.fixture(scope="module", params=SHAPES, ids=lambda s: f"{s[0]}ranks-{s[1]}dev")
+@pytest.fixture(scope="module", params=SHAPES,
+                ids=lambda s: f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers")
 def job(request, tmp_path_factory):
-    ranks, ndev = request.param
-    out = tmp_path_factory.mktemp(f"eq-{ranks}-{ndev}")
-    result = run_job(ranks, "train_equivalence.py", [out, ndev, STEPS, PER_DEVICE], timeout=300)
-    assert result.returncode == 0, result.output[-4000:]
+    ranks, ndev, clients, servers = request.param
+    out = tmp_path_factory.mktemp(f"eq-{ranks}-{ndev}-{clients}-{servers}")
+    args = [out, ndev, STEPS, PER_DEVICE]
+    if servers == 0:
+        result = run_job(ranks, "train_equivalence.py", args, timeout=300)
+        assert result.returncode == 0, result.output[-4000:]
+    else:  # one store per process with servers: one job per training
+        for combo in ("mlp:0", "cnn:0", "mlp:1", "cnn:1"):
+            result = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],
+                                  "train_equivalence.py", args + [combo], timeout=300)
+            assert result.returncode == 0, result.output[-4000:]
     return ranks, ndev, out
 
 

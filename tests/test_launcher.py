@@ -1,61 +1,237 @@
-"""kvhybrid-launch: the mpirun command it builds, its errors, and a real job through it."""
+"""kvhybrid-launch: sizing, the commands it builds, its errors, and the lifecycle of real jobs
+(scheduler, ps-lite servers and one mpirun per client group on this machine)."""
+import signal
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
-from mpirun import ROOT, WORKERS, job_env
+from mpirun import ROOT, WORKERS, job_env, run_launcher
 
+from kvhybrid.launch.hosts import Host, parse_hostfile
 from kvhybrid.launch.mpirun import MpiJob, build_command
+from kvhybrid.launch.sizing import JobSpec, SizingError, format_table, plan_job
 
 LAUNCH = [sys.executable, "-m", "kvhybrid.launch.cli"]
 
 
 def launch(*args, timeout=120):
-    return subprocess.run(LAUNCH + list(args), capture_output=True, text=True, timeout=timeout,
-                          env=job_env(), cwd=ROOT)
+    return subprocess.run(LAUNCH + list(map(str, args)), capture_output=True, text=True,
+                          timeout=timeout, env=job_env(), cwd=ROOT)
 
 
+# -- sizing ------------------------------------------------------------------------------------
+def plan(n, clients=None, servers=None, hosts=(("localhost", 64),), **kw):
+    return plan_job(JobSpec(n, clients, servers, tuple(Host(h, s) for h, s in hosts), **kw))
+
+
+def test_sizing_splits_workers_into_equal_groups_and_places_them():
+    p = plan(8, 2, 2, hosts=(("a", 4), ("b", 4)), launcher="ssh")
+    assert (p.num_clients, p.num_servers, p.workers_per_client) == (2, 2, 4)
+    assert p.scheduler_host == "a" and p.server_hosts == ["a", "b"]
+    assert [c.ranks for c in p.clients] == [[("a", 4)], [("b", 4)]]
+    table = format_table(p, {"scheduler": 9000})
+    assert "8 workers = 2 client group(s) x 4 workers" in table
+    assert "scheduler     a" in table and "port 9000" in table
+    assert "client 1      b:4" in table and "4-7" in table
+
+
+def test_sizing_groups_may_span_hosts():
+    p = plan(6, 2, 1, hosts=(("a", 4), ("b", 2)), launcher="ssh")
+    assert [c.ranks for c in p.clients] == [[("a", 3)], [("a", 1), ("b", 2)]]
+
+
+def test_sizing_pure_mpi_and_auto():
+    p = plan(4)
+    assert (p.num_clients, p.num_servers, p.scheduler_host) == (1, 0, None)
+    assert "pure MPI" in format_table(p)
+    hosts = (("a", 2), ("b", 2))
+    dense = plan(4, hosts=hosts, launcher="ssh", auto=True)
+    assert (dense.num_clients, dense.num_servers) == (1, 0)      # dense model: no servers
+    sparse = plan(4, hosts=hosts, launcher="ssh", auto=True, sparse=True)
+    assert (sparse.num_clients, sparse.num_servers) == (2, 2)    # a server and a group per host
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(n=4, clients=3, servers=1), "use --clients one of 1, 2, 4"),
+    (dict(n=2, clients=3, servers=1), "--clients 3 is more than the 2 workers"),
+    (dict(n=4, clients=2, servers=0), "--clients 2 needs --servers >= 1"),
+    (dict(n=4, clients=2, servers=2, hosts=(("far-away", 4),)), "--launcher local cannot reach it"),
+    (dict(n=8, clients=2, servers=1, hosts=(("a", 2), ("b", 2)), launcher="ssh"), "4 slots for 8"),
+    (dict(n=4, clients=1, servers=1, launcher="slurm"), "slurm is not supported yet"),
+])
+def test_sizing_errors_say_what_would_work(kwargs, message):
+    with pytest.raises(SizingError, match="") as err:
+        plan(**kwargs)
+    assert message in str(err.value)
+
+
+def test_hostfile(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# two hosts\nnode1 slots=4\nnode2:2\n")
+    assert parse_hostfile(str(f)) == [Host("node1", 4), Host("node2", 2)]
+
+
+# -- commands ----------------------------------------------------------------------------------
 def test_openmpi_command_forwards_settings_and_oversubscribes():
-    job = MpiJob(64, ["python", "train.py"])
-    cmd = build_command(job, "mpirun", "openmpi", {"KVHYBRID_TIMEOUT": "9", "HOME": "/root",
-                                                   "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    cmd = build_command(MpiJob(64, ["python", "train.py"]), "mpirun", "openmpi",
+                        {"KVHYBRID_TIMEOUT": "9", "HOME": "/root", "DMLC_ROLE": "worker",
+                         "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
     assert cmd[:3] == ["mpirun", "-np", "64"]
     assert "--oversubscribe" in cmd and "--tag-output" in cmd
-    assert cmd[cmd.index("KVHYBRID_TIMEOUT") - 1] == "-x"
-    assert "GLIBC_TUNABLES" in cmd and "HOME" not in cmd
+    for var in ("KVHYBRID_TIMEOUT", "DMLC_ROLE", "GLIBC_TUNABLES"):
+        assert cmd[cmd.index(var) - 1] == "-x"
+    assert "HOME" not in cmd
     assert cmd[-2:] == ["python", "train.py"]
 
 
 def test_mpich_command_uses_hosts_and_genvlist():
-    job = MpiJob(4, ["python", "t.py"], hosts="a:2,b:2")
-    cmd = build_command(job, "mpiexec", "mpich", {"KVHYBRID_TIMEOUT": "9"})
+    cmd = build_command(MpiJob(4, ["python", "t.py"], hosts="a:2,b:2"), "mpiexec", "mpich",
+                        {"KVHYBRID_TIMEOUT": "9"})
     assert cmd[cmd.index("-hosts") + 1] == "a:2,b:2"
     assert cmd[cmd.index("-genvlist") + 1] == "KVHYBRID_TIMEOUT"
 
 
+def test_dry_run_prints_table_and_the_commands_to_run_by_hand():
+    r = launch("-n", 4, "--clients", 2, "--servers", 2, "--dry-run", "python", "examples/train_mlp.py")
+    assert r.returncode == 0, r.stderr
+    assert "2 client group(s) + 2 parameter server(s)" in r.stdout
+    assert "DMLC_ROLE=scheduler" in r.stdout and "DMLC_ROLE=server" in r.stdout
+    assert r.stdout.count("DMLC_ROLE=worker") == 2 and "DMLC_NUM_WORKER=2" in r.stdout
+    assert "KVHYBRID_CLIENT_ID=1" in r.stdout and "mpirun -np 2" in r.stdout
+
+
+# -- bad input: one line, exit code 2, nothing started ------------------------------------------
 @pytest.mark.parametrize("args,message", [
-    (["-n", "0", "python", "x.py"], "-n must be at least 1"),
-    (["-n", "2", "python", "no/such/script.py"], "script 'no/such/script.py' not found"),
-    (["-n", "2"], "missing the command to run"),
-    (["-n", "2", "--servers", "2", "python", "examples/train_mlp.py"], "only --servers 0"),
-    (["-n", "2", "--hostfile", "/no/such/hostfile", "python", "examples/train_mlp.py"], "no such file"),
+    (["-n", 4, "--clients", 3, "--servers", 1], "use --clients one of 1, 2, 4"),
+    (["-n", 2, "--clients", 4, "--servers", 1], "more than the 2 workers"),
+    (["-n", 4, "--clients", 2, "--servers", 2, "-H", "unreachable-host:4"], "use --launcher ssh"),
+    (["-n", 2, "--launcher", "carrier-pigeon"], "invalid choice: 'carrier-pigeon'"),
+    (["-n", 2, "--launcher", "slurm"], "slurm is not supported yet"),
+    (["-n", 0], "-n must be at least 1"),
 ])
-def test_bad_arguments_exit_2_with_one_line(args, message):
-    r = launch(*args)
-    assert r.returncode == 2
+def test_bad_input_exits_2_with_one_line_and_starts_nothing(args, message):
+    r = launch(*args, "python", "examples/train_mlp.py")
+    assert r.returncode == 2, r.stdout + r.stderr
     assert message in r.stderr
-    assert "running:" not in r.stderr  # nothing was started
+    assert len([line for line in r.stderr.splitlines() if "error" in line]) == 1
+    assert "started" not in r.stderr and r.stdout == ""
 
 
-def test_runs_a_job_and_passes_settings_to_every_rank():
-    r = launch("-n", "3", "python", str(WORKERS / "create_store.py"))
-    assert r.returncode == 0, r.stdout + r.stderr
+@pytest.mark.parametrize("args,message", [
+    (["-n", 2, "python", "no/such/script.py"], "script 'no/such/script.py' not found"),
+    (["-n", 2], "missing the command to run"),
+    (["-n", 2, "--hostfile", "/no/such/hostfile", "python", "examples/train_mlp.py"], "no such file"),
+])
+def test_bad_command_line_exits_2(args, message):
+    r = launch(*args)
+    assert r.returncode == 2 and message in r.stderr and "started" not in r.stderr
+
+
+# -- real jobs ---------------------------------------------------------------------------------
+def test_pure_mpi_job():
+    r = run_launcher(["-n", 3], "lifecycle.py", ["ok"], timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
     for rank in range(3):
-        assert f"store rank={rank} num_workers=3" in r.stdout
+        assert f"worker rank {rank} done, sum 3" in r.output
 
 
-def test_failing_job_exit_code_is_passed_on():
-    r = launch("-n", "2", "python", str(WORKERS / "faults.py"), "raise", "1")
-    assert r.returncode != 0
-    assert "rank 1 raised RuntimeError" in r.stdout + r.stderr
+def test_groups_and_servers_job():
+    r = run_launcher(["-n", 4, "--clients", 2, "--servers", 2], "lifecycle.py", ["ok"], timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    assert "[scheduler]" not in r.output or "error" not in r.output.lower()
+    for rank in range(4):
+        assert f"worker rank {rank} done, sum 4" in r.output   # summed over both groups
+    assert "the job finished" in r.output
+
+
+class Running:
+    """A launcher job in the background, with every process it started, by PID."""
+
+    def __init__(self, *args):
+        cmd = LAUNCH + list(map(str, args))
+        self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=job_env(), cwd=ROOT)
+        self.pids = set()
+
+    def wait_until_ready(self, workers: int, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._collect()
+            if self._ready(workers):
+                return
+            time.sleep(0.2)
+        raise AssertionError("the job did not start in time")
+
+    def _ready(self, workers: int) -> bool:
+        procs = [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
+        return sum(1 for p in procs if "lifecycle.py" in " ".join(p.cmdline()) and
+                   "python" in p.name()) >= workers
+
+    def _collect(self) -> None:
+        try:
+            for child in psutil.Process(self.popen.pid).children(recursive=True):
+                self.pids.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+
+    def find(self, role: str) -> psutil.Process:
+        for pid in self.pids:
+            try:
+                p = psutil.Process(pid)
+                if p.environ().get("DMLC_ROLE") == role and "import mxnet" in " ".join(p.cmdline()):
+                    return p
+            except psutil.NoSuchProcess:
+                continue
+        raise AssertionError(f"no {role} process found")
+
+    def finish(self, timeout: float):
+        start = time.monotonic()
+        out, _ = self.popen.communicate(timeout=timeout)
+        return self.popen.returncode, out, time.monotonic() - start
+
+    def leftovers(self):
+        time.sleep(0.5)
+        return [p for p in self.pids if psutil.pid_exists(p) and
+                psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_failing_worker_stops_the_job_within_10_s_naming_it():
+    job = Running("-n", 4, "--clients", 2, "--servers", 2, "python",
+                  WORKERS / "lifecycle.py", "raise", 3)
+    job.wait_until_ready(4)
+    rc, out, seconds = job.finish(timeout=60)
+    assert rc != 0
+    assert "worker 3 failed on purpose" in out
+    assert "exited with code" in out and "stopping the job" in out   # the launcher names it
+    assert "client " in out.split("stopping the job")[0].splitlines()[-1]
+    assert seconds < 10, f"took {seconds:.1f} s"
+    assert job.leftovers() == []
+
+
+def test_killed_server_stops_the_job_within_10_s_naming_it():
+    job = Running("-n", 4, "--clients", 2, "--servers", 2, "python",
+                  WORKERS / "lifecycle.py", "train")
+    job.wait_until_ready(4)
+    time.sleep(1)
+    server = job.find("server")
+    server.kill()
+    rc, out, seconds = job.finish(timeout=60)
+    assert rc != 0
+    assert "server " in out and "was killed by signal 9" in out
+    assert seconds < 10, f"took {seconds:.1f} s"
+    assert job.leftovers() == []
+
+
+def test_ctrl_c_stops_everything():
+    job = Running("-n", 4, "--clients", 2, "--servers", 2, "python",
+                  WORKERS / "lifecycle.py", "train")
+    job.wait_until_ready(4)
+    job.popen.send_signal(signal.SIGINT)
+    rc, out, seconds = job.finish(timeout=60)
+    assert rc == 130, out[-2000:]
+    assert "interrupted" in out
+    assert seconds < 10
+    assert job.leftovers() == []

@@ -18,6 +18,10 @@ from .agreement import agree
 from .store import HybridMPIStore
 
 
+#: Prefix of the store keys that carry parameters across client groups.
+PREFIX = "kvhybrid.broadcast_parameters:"
+
+
 def broadcast_parameters(params: Union[ParameterDict, dict], store: HybridMPIStore,
                          root: int = 0) -> None:
     """Overwrite every parameter on every rank and device with rank ``root``'s value."""
@@ -35,5 +39,14 @@ def broadcast_parameters(params: Union[ParameterDict, dict], store: HybridMPISto
     except KeyValueError as exc:
         error, signature = str(exc), None
     agree(store.group, "broadcast_parameters", signature, error)
+    if store.num_workers > store.group.size:
+        # Several client groups: through the servers, under keys of their own.
+        if root != 0:
+            raise KeyValueError("with several client groups broadcast_parameters takes rank 0's "
+                                "weights: call it with root=0")
+        for name, p in items:
+            data = p.list_data()
+            store.broadcast(f"{PREFIX}{name}", data[0], out=data)
+        return
     for _, p in items:
         broadcast(p.list_data(), src=root, group=store.group)

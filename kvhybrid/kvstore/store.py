@@ -35,6 +35,7 @@ from ..tensor_collectives import Group, allreduce_array, broadcast_array
 from ..tensor_collectives.ops import copy_to_all, reduce_local
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec
+from .servers import ServerLink, server_link
 
 log = logging.getLogger("kvhybrid")
 
@@ -74,13 +75,35 @@ class HybridMPIStore(mx.kv.KVStore):
 
     def __init__(self, config: Optional[StoreConfig] = None):
         self.config = config or StoreConfig.from_env()
-        self.group = Group.world(self.config)
+        self.group = Group.world(self.config)   # this client group: the ranks of one mpirun job
         super().__init__(_native_local_handle())
         self._slots: Dict[Key, KeySlot] = {}
         self._closed = False
+        # With parameter servers, the group's master is a ps-lite worker; with several client
+        # groups, dense keys are summed across groups through the servers.
+        self._servers: Optional[ServerLink] = None
+        self._cross = self.config.num_clients > 1
+        ps_rank = 0
+        if self.config.num_servers > 0 and self.group.rank == 0:
+            self._servers = server_link(self.group.watchdog)
+            ps_rank = self._servers.ps_rank
+        self._client_rank, self._num_clients = self._agree_on_clients(ps_rank)
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
-        log.info("kvhybrid: %s store, rank %d of %d", NAME, self.rank, self.num_workers)
+        log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
+                 self.rank, self.num_workers, self._client_rank, self._num_clients,
+                 self.config.num_servers)
+
+    def _agree_on_clients(self, ps_rank: int):
+        """Every rank learns its group's place among the groups (the master's ps-lite rank)."""
+        masters = self._servers.num_masters if self._servers else self.config.num_clients
+        with self.group.watchdog.waiting("the group master to connect to the parameter servers"):
+            ps_rank, masters = self.group.comm.bcast((ps_rank, masters), root=0)
+        if masters != self.config.num_clients:
+            raise KVHybridError(f"ps-lite has {masters} workers but DMLC_NUM_WORKER says "
+                                f"{self.config.num_clients}: every client group's master must "
+                                "connect to the same scheduler")
+        return ps_rank, masters
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -89,11 +112,13 @@ class HybridMPIStore(mx.kv.KVStore):
 
     @property
     def rank(self) -> int:
-        return self.group.rank
+        """This worker's rank among all workers of all client groups."""
+        return self._client_rank * self.group.size + self.group.rank
 
     @property
     def num_workers(self) -> int:
-        return self.group.size
+        """All workers of all client groups (groups have equal sizes)."""
+        return self._num_clients * self.group.size
 
     def is_capable(self, capability: str) -> bool:
         if capability.lower() == mx.kv.KVStoreBase.OPTIMIZER:
@@ -128,6 +153,7 @@ class HybridMPIStore(mx.kv.KVStore):
                 if k in self._slots:
                     raise KeyValueError(f"key {k!r} is already initialised: init each key once, "
                                         "or use broadcast() to overwrite its value")
+                self._check_new_on_servers(k)
             return ps, "init " + _keys_text(ps)
 
         for k, arrays in self._check("init", build, f" of key {key!r}"):
@@ -143,6 +169,12 @@ class HybridMPIStore(mx.kv.KVStore):
             for (k, v), (_, o) in zip(ps, outs):
                 if k in self._slots:
                     check_matches(k, self._slots[k], v, "value")
+                    if self._cross:
+                        raise KeyValueError(f"key {k!r} is already initialised, and with several "
+                                            "client groups a key is broadcast once: broadcast "
+                                            "each key once")
+                else:
+                    self._check_new_on_servers(k)
                 for arr in o:
                     if arr.shape != v[0].shape or arr.dtype != v[0].dtype:
                         raise KeyValueError(f"out of key {k!r} has {spec(arr)} but value has "
@@ -153,13 +185,21 @@ class HybridMPIStore(mx.kv.KVStore):
             slot = self._set_from_root(k, v[0])
             copy_to_all(slot.value, o)
 
+    def _check_new_on_servers(self, key: Key) -> None:
+        if self._cross and self._servers is not None:
+            self._servers.check_new(key)
+
     def _set_from_root(self, key: Key, value: mx.nd.NDArray) -> KeySlot:
+        """The key takes rank 0's value: the group master's, and with several client
+        groups the value of the group whose master is ps-lite's rank 0."""
         slot = self._slots.get(key)
         if slot is None:
             slot = KeySlot(tuple(value.shape), np.dtype(value.dtype),
                            mx.nd.zeros(value.shape, ctx=value.context, dtype=value.dtype))
-        if self.rank == 0:
+        if self.group.rank == 0:
             value.copyto(slot.value)
+            if self._cross:
+                self._servers.init(key, slot.value, slot.value)
         broadcast_array(slot.value, 0, self.group, name=f"key {key!r}")
         self._slots[key] = slot
         return slot
@@ -189,24 +229,16 @@ class HybridMPIStore(mx.kv.KVStore):
         for k, value_k, out_k in self._checked_pairs("pushpull", key, value, out):
             slot = self._slots[k]
             dst = out_k if out_k is not None else value_k
-            if self._updater is not None:
-                self._reduce(k, value_k, slot.grad_buffer())
-                self._updater(k, slot.grad, slot.value)
-                copy_to_all(slot.value, dst)
-            else:
-                self._reduce(k, value_k, dst[0])
-                copy_to_all(dst[0], dst)
+            target = slot.grad_buffer() if self._updater is not None else dst[0]
+            copy_to_all(self._sum_and_update(k, slot, value_k, target), dst)
 
     def push(self, key, value, priority: int = 0) -> None:
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
         self._open()
         for k, value_k, _ in self._checked_pairs("push", key, value):
             slot = self._slots[k]
-            if self._updater is not None:
-                self._reduce(k, value_k, slot.grad_buffer())
-                self._updater(k, slot.grad, slot.value)
-            else:
-                self._reduce(k, value_k, slot.value)
+            target = slot.grad_buffer() if self._updater is not None else slot.value
+            self._sum_and_update(k, slot, value_k, target)
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
         """Copy the store's value of ``key`` into ``out`` (local: every rank holds the same copy)."""
@@ -222,9 +254,23 @@ class HybridMPIStore(mx.kv.KVStore):
         raise KeyValueError(f"row_sparse_pull of key {key!r}: hybrid-mpi handles dense keys only "
                             "so far; use dense parameters")
 
-    def _reduce(self, key: Key, arrays: List[mx.nd.NDArray], target: mx.nd.NDArray) -> None:
+    def _sum_and_update(self, key: Key, slot: KeySlot, arrays: List[mx.nd.NDArray],
+                        target: mx.nd.NDArray) -> mx.nd.NDArray:
+        """Sum ``arrays`` into ``target`` over devices, the group and (with several client
+        groups) the servers; apply the optimizer if one is set. Returns the array that
+        holds the key's new value: the updated weight, or ``target`` with the sum."""
         reduce_local(arrays, target)
         allreduce_array(target, "sum", self.group, name=f"key {key!r}")
+        result = target if self._updater is None else slot.value
+        if self._cross:
+            # The master pushes the group's sum and pulls the servers' answer (the sum over
+            # groups, or the weight updated by the servers' optimizer); the group gets it.
+            if self._servers is not None:
+                self._servers.push_pull(key, target, result)
+            broadcast_array(result, 0, self.group, name=f"key {key!r} from the servers")
+        elif self._updater is not None:
+            self._updater(key, target, slot.value)
+        return result
 
     # -- optimizer -----------------------------------------------------------------------------
     def set_optimizer(self, optimizer) -> None:
@@ -239,6 +285,8 @@ class HybridMPIStore(mx.kv.KVStore):
 
         self._check("set_optimizer", build)
         self._set_updater(mx.optimizer.get_updater(optimizer))
+        if self._cross and self._servers is not None:
+            self._servers.set_optimizer(optimizer)  # the servers update keys shared by groups
 
     def _set_updater(self, updater) -> None:
         self._updater = updater
@@ -252,6 +300,10 @@ class HybridMPIStore(mx.kv.KVStore):
         if self._updater is None:
             raise KVHybridError("the store holds no optimizer state: call set_optimizer first "
                                 "(gluon.Trainer does so when update_on_kvstore=True)")
+        if self._cross:
+            raise KVHybridError("with several client groups the optimizer state lives on the "
+                                "parameter servers, which cannot save it yet: checkpoint the "
+                                "weights, or train with update_on_kvstore=False")
         data = self._updater.get_states(dump_optimizer)
         folder = os.path.dirname(os.path.abspath(fname))
         with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False,
@@ -267,6 +319,9 @@ class HybridMPIStore(mx.kv.KVStore):
             if self._updater is None:
                 raise KeyValueError("the store has no optimizer to load states into: call "
                                     "set_optimizer first")
+            if self._cross:
+                raise KeyValueError("with several client groups the optimizer state lives on "
+                                    "the parameter servers, which cannot load it yet")
             try:
                 with open(fname, "rb") as f:
                     data = f.read()
@@ -290,6 +345,7 @@ class HybridMPIStore(mx.kv.KVStore):
         """Stop the watchdog and drop the store's arrays (idempotent)."""
         if not self._closed:
             self._closed = True
+            self._servers = None  # the process's server link stays for later stores
             self.group.close()
             self._slots.clear()
 

@@ -1,6 +1,8 @@
 """Train MLP and CNN through hybrid-mpi, for both update_on_kvstore settings; dump weights.
 
-argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH
+argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH [COMBOS]
+COMBOS: which trainings, e.g. "mlp:1,cnn:0" (model:update_on_kvstore); default all four.
+With parameter servers a process holds one store, so such jobs run one combo each.
 Every rank writes OUT_DIR/<model>-uok<0|1>-rank<r>.npz; rank 0 also writes the
 initial weights it started from (<model>-init.params) for the reference run.
 """
@@ -16,25 +18,26 @@ import kvhybrid  # noqa: E402,F401  registers 'hybrid-mpi'
 from models import make_net, make_optimizer, sample_input, train_steps, weights  # noqa: E402
 
 out_dir, ndev, steps, per_device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+combos = sys.argv[5] if len(sys.argv) > 5 else "mlp:0,cnn:0,mlp:1,cnn:1"
 ctxs = [mx.cpu(i) for i in range(ndev)]
 
-for model in ("mlp", "cnn"):
-    for uok in (True, False):
-        kv = mx.kv.create("hybrid-mpi")
-        rank, size = kv.rank, kv.num_workers
-        mx.random.seed(100 + rank)  # different initial weights per rank: broadcast_parameters fixes it
-        net = make_net(model)
-        net.initialize(mx.init.Xavier(), ctx=ctxs)
-        net(sample_input(model).as_in_context(ctxs[0]))  # finish deferred initialisation
-        kvhybrid.broadcast_parameters(net.collect_params(), kv)
-        if rank == 0:
-            net.save_parameters(os.path.join(out_dir, f"{model}-uok{int(uok)}-init.params"))
-        name, params = make_optimizer()
-        trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kv,
-                                update_on_kvstore=uok)
-        loss = train_steps(net, trainer, model, steps, per_device, ctxs,
-                           offset=rank * ndev * per_device, total=size * ndev * per_device)
-        assert trainer._update_on_kvstore == uok, trainer._update_on_kvstore
-        np.savez(os.path.join(out_dir, f"{model}-uok{int(uok)}-rank{rank}.npz"), **weights(net))
-        print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f}", flush=True)
-        kv.close()
+for combo in combos.split(","):
+    model, uok = combo.split(":")[0], bool(int(combo.split(":")[1]))
+    kv = mx.kv.create("hybrid-mpi")
+    rank, size = kv.rank, kv.num_workers
+    mx.random.seed(100 + rank)  # different initial weights per rank: broadcast_parameters fixes it
+    net = make_net(model)
+    net.initialize(mx.init.Xavier(), ctx=ctxs)
+    net(sample_input(model).as_in_context(ctxs[0]))  # finish deferred initialisation
+    kvhybrid.broadcast_parameters(net.collect_params(), kv)
+    if rank == 0:
+        net.save_parameters(os.path.join(out_dir, f"{model}-uok{int(uok)}-init.params"))
+    name, params = make_optimizer()
+    trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kv,
+                            update_on_kvstore=uok)
+    loss = train_steps(net, trainer, model, steps, per_device, ctxs,
+                       offset=rank * ndev * per_device, total=size * ndev * per_device)
+    assert trainer._update_on_kvstore == uok, trainer._update_on_kvstore
+    np.savez(os.path.join(out_dir, f"{model}-uok{int(uok)}-rank{rank}.npz"), **weights(net))
+    print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f}", flush=True)
+    kv.close()

@@ -1,0 +1,141 @@
+"""Sizing a job: workers per client group, which host runs what, and the table that shows it.
+
+MXNET-MPI §4.1.2: given #workers, #clients and #servers, each client group
+gets #workers / #clients workers (its rank 0 is the master, the ps-lite
+worker); the scheduler and the servers are placed on the hosts; every client
+group is its own ``mpirun``. With 0 servers there is one group and no
+scheduler (pure MPI).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from .hosts import Host
+
+
+class SizingError(ValueError):
+    """Workers, clients, servers and hosts that do not fit together; says what would."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    num_workers: int
+    num_clients: Optional[int]        # None: decided by the rules below
+    num_servers: Optional[int]
+    hosts: Tuple[Host, ...]
+    launcher: str = "local"
+    auto: bool = False
+    sparse: bool = False              # the model has row_sparse keys (for --auto)
+
+
+@dataclass
+class ClientPlan:
+    client: int
+    ranks: List[Tuple[str, int]]      # (host, ranks on it), first host holds the master
+
+    @property
+    def master_host(self) -> str:
+        return self.ranks[0][0]
+
+    @property
+    def size(self) -> int:
+        return sum(n for _, n in self.ranks)
+
+
+@dataclass
+class JobPlan:
+    spec: JobSpec
+    num_clients: int
+    num_servers: int
+    workers_per_client: int
+    scheduler_host: Optional[str]
+    server_hosts: List[str] = field(default_factory=list)
+    clients: List[ClientPlan] = field(default_factory=list)
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_job(spec: JobSpec) -> JobPlan:
+    n, hosts = spec.num_workers, list(spec.hosts)
+    if n < 1:
+        raise SizingError(f"-n must be at least 1, got {n}")
+    servers = spec.num_servers
+    if servers is None:
+        servers = len(hosts) if (spec.auto and spec.sparse) else 0
+    clients = spec.num_clients
+    if clients is None:
+        clients = len(hosts) if (spec.auto and servers > 0) else 1
+    if servers < 0:
+        raise SizingError(f"--servers must be >= 0, got {servers}")
+    if clients < 1:
+        raise SizingError(f"--clients must be >= 1, got {clients}")
+    if clients > n:
+        raise SizingError(f"--clients {clients} is more than the {n} workers: each client group "
+                          f"needs at least one worker (use --clients <= {n})")
+    if n % clients:
+        choices = ", ".join(map(str, _divisors(n)))
+        raise SizingError(f"{n} workers do not split into {clients} client groups of equal size: "
+                          f"use --clients one of {choices}")
+    if servers == 0 and clients > 1:
+        raise SizingError(f"--clients {clients} needs --servers >= 1: client groups talk through "
+                          "the parameter servers (use --clients 1 for pure MPI)")
+    if spec.launcher == "local":
+        remote = [h.name for h in hosts if not h.is_local]
+        if remote:
+            raise SizingError(f"host {remote[0]!r} is not this machine and --launcher local cannot "
+                              "reach it: use --launcher ssh")
+    elif spec.launcher == "slurm":
+        raise SizingError("--launcher slurm is not supported yet: use local, ssh or netns")
+    per_client = n // clients
+    if sum(h.slots for h in hosts) < n and not (len(hosts) == 1 and hosts[0].is_local):
+        raise SizingError(f"the hosts have {sum(h.slots for h in hosts)} slots for {n} workers: "
+                          "add hosts or slots")
+    plan = JobPlan(spec, clients, servers, per_client,
+                   scheduler_host=hosts[0].name if servers > 0 else None,
+                   server_hosts=[hosts[i % len(hosts)].name for i in range(servers)])
+    # Fill hosts slot by slot, client after client (a group may span hosts).
+    free = [[h.name, h.slots if not (len(hosts) == 1 and h.is_local) else n] for h in hosts]
+    cursor = 0
+    for c in range(clients):
+        need, ranks = per_client, []
+        while need:
+            while free[cursor][1] == 0:
+                cursor += 1
+            take = min(need, free[cursor][1])
+            ranks.append((free[cursor][0], take))
+            free[cursor][1] -= take
+            need -= take
+        plan.clients.append(ClientPlan(c, ranks))
+    if spec.launcher == "netns":
+        spanning = [c.client for c in plan.clients if len(c.ranks) > 1]
+        if spanning:
+            raise SizingError(f"--launcher netns runs each client group inside one namespace, but "
+                              f"group {spanning[0]} spans hosts: give each host a multiple of "
+                              f"{per_client} slots")
+    return plan
+
+
+def format_table(plan: JobPlan, ports: Optional[dict] = None) -> str:
+    """What will run where, printed before anything starts."""
+    ports = ports or {}
+    mode = ("pure MPI (one mpirun, no scheduler, no servers)" if plan.num_servers == 0 else
+            f"{plan.num_clients} client group(s) + {plan.num_servers} parameter server(s)")
+    lines = [f"{plan.spec.num_workers} workers = {plan.num_clients} client group(s) x "
+             f"{plan.workers_per_client} workers; {mode}; launcher {plan.spec.launcher}",
+             f"{'process':<14}{'host':<18}{'ranks':<10}{'details'}"]
+    if plan.scheduler_host:
+        lines.append(f"{'scheduler':<14}{plan.scheduler_host:<18}{'-':<10}"
+                     f"port {ports.get('scheduler', '?')}")
+    for i, host in enumerate(plan.server_hosts):
+        lines.append(f"{f'server {i}':<14}{host:<18}{'-':<10}ps-lite picks its port")
+    first = 0
+    for c in plan.clients:
+        where = ",".join(f"{h}:{k}" for h, k in c.ranks)
+        role = "mpirun; rank 0 is the master (ps-lite worker)" if plan.num_servers else "mpirun"
+        lines.append(f"{f'client {c.client}':<14}{where:<18}"
+                     f"{f'{first}-{first + c.size - 1}':<10}{role}")
+        first += c.size
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Running a job's processes: prefixed logs, and teardown when one fails.
+
+In a synchronous job every process is needed: when any exits non-zero, the
+others are stopped (SIGTERM, then SIGKILL after a grace period) and the
+launcher reports which process failed with the tail of its output. Ctrl-C
+stops everything the same way. Each process runs in its own session, so its
+whole process tree (mpirun and its ranks) is signalled together.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List
+
+log = logging.getLogger("kvhybrid.launch")
+
+_BARE_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")
+
+GRACE_SECONDS = 4.0
+
+
+@dataclass
+class Managed:
+    name: str                        # "scheduler", "server 1", "client 0"
+    host: str
+    popen: subprocess.Popen
+    essential: bool                  # the job is done when every essential one has exited 0
+    tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
+
+
+class Supervisor:
+    def __init__(self, out=None):
+        self.procs: List[Managed] = []
+        self._out = out or sys.stdout
+        self._lock = threading.Lock()
+
+    def start(self, name: str, host: str, cmd: List[str], env: Dict[str, str],
+              essential: bool) -> Managed:
+        popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+                                 bufsize=1, errors="replace")
+        proc = Managed(name, host, popen, essential)
+        self.procs.append(proc)
+        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+        log.info("started %s on %s (pid %d)", name, host, popen.pid)
+        return proc
+
+    def _pump(self, proc: Managed) -> None:
+        for line in proc.popen.stdout:
+            # mpirun --tag-output tags every write; an unbuffered print() writes its newline
+            # separately, which leaves bare tags behind: drop them.
+            line = _BARE_TAG.sub("", line.rstrip("\n"))
+            if not line:
+                continue
+            line += "\n"
+            proc.tail.append(line.rstrip("\n"))
+            with self._lock:
+                self._out.write(f"[{proc.name}] {line}")
+                self._out.flush()
+
+    def wait(self, poll: float = 0.1) -> int:
+        """Run until the essential processes are done (0) or one process fails (its code)."""
+        try:
+            while True:
+                for proc in self.procs:
+                    rc = proc.popen.poll()
+                    if rc is not None and rc != 0:
+                        return self._fail(proc, rc)
+                if all(p.popen.poll() == 0 for p in self.procs if p.essential):
+                    self._finish()
+                    return 0
+                time.sleep(poll)
+        except KeyboardInterrupt:
+            log.error("interrupted: stopping every process of the job")
+            self.stop_all()
+            return 130
+
+    def _fail(self, proc: Managed, rc: int) -> int:
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        time.sleep(0.3)  # let its last lines arrive
+        tail = "\n".join(f"    {line}" for line in list(proc.tail)[-15:]) or "    (no output)"
+        log.error("%s on %s (pid %d) %s; stopping the job. Its last output:\n%s",
+                  proc.name, proc.host, proc.popen.pid, how, tail)
+        self.stop_all()
+        return rc if rc > 0 else 128 - rc
+
+    def _finish(self) -> None:
+        """The workers are done: give the scheduler and servers a moment to leave on their own."""
+        deadline = time.monotonic() + GRACE_SECONDS
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in self.procs):
+            time.sleep(0.1)
+        self.stop_all()
+
+    def stop_all(self) -> None:
+        alive = [p for p in self.procs if p.popen.poll() is None]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in alive:
+                try:
+                    os.killpg(p.popen.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + GRACE_SECONDS
+            while time.monotonic() < deadline and any(p.popen.poll() is None for p in alive):
+                time.sleep(0.05)
+            alive = [p for p in alive if p.popen.poll() is None]
+            if not alive:
+                break
+        for p in self.procs:
+            p.popen.wait()

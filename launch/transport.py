@@ -1,0 +1,63 @@
+"""How a command reaches a host: here, over ssh, or inside a network namespace.
+
+``netns`` treats each host name as a Linux network namespace on this machine
+(``ip netns exec NAME ...``): several emulated hosts, each with its own
+interfaces and addresses, for testing a multi-host job on one machine.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+from typing import Dict, List
+
+TRANSPORTS = ("local", "ssh", "netns", "slurm")
+
+
+def wrap(transport: str, host: str, cmd: List[str], env: Dict[str, str],
+         base_env: Dict[str, str]) -> List[str]:
+    """The command line that runs ``cmd`` on ``host`` with ``env`` added to its environment."""
+    if transport == "local":
+        return cmd
+    assign = [f"{k}={v}" for k, v in sorted(env.items()) if base_env.get(k) != v]
+    if transport == "netns":
+        return ["ip", "netns", "exec", host, "env", *assign, *cmd]
+    if transport == "ssh":
+        remote = f"cd {shlex.quote(os.getcwd())} && env {' '.join(map(shlex.quote, assign))} " \
+                 + " ".join(map(shlex.quote, cmd))
+        return ["ssh", "-o", "BatchMode=yes", "-tt", host, remote]
+    raise ValueError(f"unknown transport {transport!r}")
+
+
+def address(transport: str, host: str) -> str:
+    """The IPv4 address the host's processes should advertise to the others."""
+    if transport == "netns":
+        out = subprocess.run(["ip", "netns", "exec", host, "ip", "-4", "-o", "addr", "show"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode != 0:
+            raise ValueError(f"network namespace {host!r} not found: create it with "
+                             f"`ip netns add {host}` (or fix the hostfile)")
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if parts[1] != "lo":
+                return parts[3].split("/")[0]
+        raise ValueError(f"network namespace {host!r} has no address besides lo")
+    if host in ("localhost", "127.0.0.1") or transport == "local":
+        return "127.0.0.1"
+    try:
+        return socket.gethostbyname(host)
+    except OSError as exc:
+        raise ValueError(f"cannot resolve host {host!r}: {exc}") from None
+
+
+def free_port(transport: str, host: str) -> int:
+    """A port that was free a moment ago (the scheduler is restarted on a collision)."""
+    if transport == "netns":
+        code = "import socket; s=socket.socket(); s.bind(('',0)); print(s.getsockname()[1])"
+        out = subprocess.run(["ip", "netns", "exec", host, "python3", "-c", code],
+                             capture_output=True, text=True, timeout=10)
+        return int(out.stdout.strip())
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
