@@ -115,11 +115,19 @@ class Job:
         hosts = None
         if self.transport == "ssh" or (self.transport == "local" and len(self.plan.spec.hosts) > 1):
             hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
-        cmd = build_command(MpiJob(c.size, self.command, hosts, extra_args=self.mpi_args),
+        cmd = build_command(MpiJob(c.size, self.command, hosts, extra_args=self.mpi_args,
+                                   crowded=self._crowded(c.master_host)),
                             self.mpirun, self.mpi_kind, full)
         if self.transport == "netns":  # the group's mpirun runs inside its host's namespace
             cmd = wrap("netns", c.master_host, cmd, env, self.base_env)
         return cmd, full
+
+    def _crowded(self, host: str) -> bool:
+        """More processes on ``host`` than this machine has cores (hosts alike assumed)."""
+        plan = self.plan
+        procs = sum(k for c in plan.clients for h, k in c.ranks if h == host)
+        procs += plan.server_hosts.count(host) + (plan.scheduler_host == host)
+        return procs > (os.cpu_count() or 1)
 
     def commands(self) -> List[str]:
         """Every command with its settings, as one would type them by hand."""

@@ -26,6 +26,9 @@ class MpiJob:
     hostfile: Optional[str] = None
     env: Dict[str, str] = field(default_factory=dict)
     extra_args: List[str] = field(default_factory=list)
+    #: More processes than cores on the host (other groups, servers): waiting ranks must
+    #: yield the CPU instead of spinning on it (4x faster with groups + servers on 2 cores).
+    crowded: bool = False
 
 
 def find_mpirun() -> str:
@@ -59,6 +62,8 @@ def build_command(job: MpiJob, mpirun: str, kind: str, env: Dict[str, str]) -> L
         cmd += ["--bind-to", "none", "--tag-output"]
         if job.hosts is None and job.hostfile is None and job.num_ranks > (os.cpu_count() or 1):
             cmd.append("--oversubscribe")
+        if job.crowded or (job.hosts is None and job.num_ranks > (os.cpu_count() or 1)):
+            cmd += ["--mca", "mpi_yield_when_idle", "1"]
         if job.hosts:
             cmd += ["-H", job.hosts]
         if job.hostfile:

@@ -1,0 +1,34 @@
+"""A job across two emulated hosts (network namespaces joined by a veth pair).
+
+Scheduler, servers and client groups sit in different namespaces and talk over
+their interfaces, as on two machines; kvhybrid-launch reaches them with
+``--launcher netns`` (``ip netns exec``).
+"""
+import pytest
+
+from mpirun import run_launcher
+from netns import TwoHosts, netns_available
+
+pytestmark = pytest.mark.skipif(not netns_available(),
+                                reason="needs root and Linux network namespaces (ip netns add)")
+
+
+def test_job_across_two_namespace_hosts(tmp_path):
+    with TwoHosts() as hosts:
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("".join(f"{name} slots=2\n" for name in hosts.names))
+        r = run_launcher(["-n", 4, "--clients", 2, "--servers", 2, "--launcher", "netns",
+                          "--hostfile", hostfile], "lifecycle.py", ["ok"], timeout=180)
+        assert r.returncode == 0, r.output[-4000:]
+        for rank in range(4):
+            assert f"worker rank {rank} done, sum 4" in r.output  # summed across both hosts
+        # each process ran on its own host and advertised that host's address
+        assert f"scheduler     {hosts.names[0]}" in r.output
+        assert f"client 1      {hosts.names[1]}:2" in r.output
+        assert f"started server 1 on {hosts.names[1]}" in r.output
+        plan = run_launcher(["-n", 4, "--clients", 2, "--servers", 2, "--launcher", "netns",
+                             "--hostfile", hostfile, "--dry-run"], "lifecycle.py", ["ok"])
+        client1 = [line for line in plan.output.splitlines() if "client 1:" in line][0]
+        assert f"DMLC_PS_ROOT_URI={hosts.addresses[0]}" in client1     # scheduler on host a
+        assert f"DMLC_NODE_HOST={hosts.addresses[1]}" in client1       # master on host b
+        assert f"ip netns exec {hosts.names[1]}" in client1
