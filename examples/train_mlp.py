@@ -1,6 +1,7 @@
 """The main job: a Gluon MLP trained data-parallel through ``hybrid-mpi``.
 
-    kvhybrid-launch -n 4 python examples/train_mlp.py
+    kvhybrid-launch -n 4 --clients 2 --servers 2 python examples/train_mlp.py
+    kvhybrid-launch -n 4 python examples/train_mlp.py        # pure MPI
 
 Each rank trains on its own shard of a synthetic 10-class problem; gradients
 are summed across ranks by the store. Rank 0 prints the loss and accuracy over
@@ -59,8 +60,10 @@ def main() -> None:
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": args.lr / size, "momentum": 0.9}, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    say(f"hybrid-mpi: {size} ranks, {len(x[shard])} samples per rank, batch {args.batch_size} "
-        f"per rank, {sum(p.data().size for p in net.collect_params().values()):,} weights")
+    groups = size // kv.group.size
+    say(f"hybrid-mpi: {size} workers in {groups} client group(s), {len(x[shard])} samples per "
+        f"worker, batch {args.batch_size} per worker, "
+        f"{sum(p.data().size for p in net.collect_params().values()):,} weights")
 
     for epoch in range(args.epochs):
         loss_sum, correct, samples = mx.nd.zeros((1,)), mx.nd.zeros((1,)), 0

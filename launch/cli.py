@@ -17,6 +17,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional
 
@@ -50,6 +51,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--launcher", default="local", choices=TRANSPORTS,
                    help="how processes reach their hosts: local, ssh, or netns (host names are "
                         "network namespaces on this machine)")
+    p.add_argument("--interface", metavar="IF",
+                   help="network interface the scheduler, servers and masters advertise and "
+                        "connect over (default: loopback for a local run, else the host's "
+                        "address); ps-lite itself listens on all interfaces")
     p.add_argument("--mpi-args", default="", help="extra arguments for each mpirun, quoted")
     p.add_argument("--dry-run", action="store_true", help="print the table and commands, start nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
@@ -82,7 +87,8 @@ def make_plan(args) -> JobPlan:
 class Job:
     """The processes of one planned job and how to start them."""
 
-    def __init__(self, plan: JobPlan, command: List[str], mpi_args: List[str]):
+    def __init__(self, plan: JobPlan, command: List[str], mpi_args: List[str],
+                 interface: Optional[str] = None):
         self.plan = plan
         self.transport = plan.spec.launcher
         self.command = list(command)
@@ -93,16 +99,23 @@ class Job:
         self.mpi_kind = flavour(self.mpirun)
         self.base_env = job_env({})
         hosts = {h.name for h in plan.spec.hosts}
-        self.addresses = {h: address(self.transport, h) for h in hosts} if plan.num_servers else {}
+        self.interface = interface
+        self.addresses = ({h: address(self.transport, h, interface) for h in hosts}
+                          if plan.num_servers else {})
         self.port: Optional[int] = None
+        self.tmpdir = tempfile.mkdtemp(prefix="kvhybrid-launch-")  # last: nothing can fail after
 
     def dmlc_env(self, role: str, host: str) -> Dict[str, str]:
         if not self.plan.num_servers:
             return {}
-        return {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": self.addresses[self.plan.scheduler_host],
-                "DMLC_PS_ROOT_PORT": str(self.port), "DMLC_NUM_SERVER": str(self.plan.num_servers),
-                "DMLC_NUM_WORKER": str(self.plan.num_clients), "DMLC_NODE_HOST": self.addresses[host],
-                "PS_VERBOSE": self.base_env.get("PS_VERBOSE", "0")}
+        env = {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": self.addresses[self.plan.scheduler_host],
+               "DMLC_PS_ROOT_PORT": str(self.port), "DMLC_NUM_SERVER": str(self.plan.num_servers),
+               "DMLC_NUM_WORKER": str(self.plan.num_clients),
+               "DMLC_NODE_HOST": self.addresses[host],
+               "PS_VERBOSE": self.base_env.get("PS_VERBOSE", "0")}
+        if self.interface:
+            env["DMLC_INTERFACE"] = self.interface
+        return env
 
     def _ps_node(self, role: str, host: str):
         env = self.dmlc_env(role, host)
@@ -115,7 +128,12 @@ class Job:
         hosts = None
         if self.transport == "ssh" or (self.transport == "local" and len(self.plan.spec.hosts) > 1):
             hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
-        cmd = build_command(MpiJob(c.size, self.command, hosts, extra_args=self.mpi_args,
+        extra = list(self.mpi_args)
+        if self.mpi_kind == "openmpi" and len(self.plan.clients) > 1:
+            # mpiruns started together race to create the same session directory in /tmp
+            # ("mkdir ... File exists"): give each group its own.
+            extra = ["--mca", "orte_tmpdir_base", os.path.join(self.tmpdir, f"client{c.client}")] + extra
+        cmd = build_command(MpiJob(c.size, self.command, hosts, extra_args=extra,
                                    crowded=self._crowded(c.master_host)),
                             self.mpirun, self.mpi_kind, full)
         if self.transport == "netns":  # the group's mpirun runs inside its host's namespace
@@ -146,6 +164,14 @@ class Job:
         return f"  {name}: {settings} {shlex.join(cmd)}".rstrip()
 
     def run(self, sup: Supervisor) -> int:
+        try:
+            for c in self.plan.clients:
+                os.makedirs(os.path.join(self.tmpdir, f"client{c.client}"), exist_ok=True)
+            return self._run(sup)
+        finally:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _run(self, sup: Supervisor) -> int:
         plan = self.plan
         if plan.num_servers:
             if not self._start_scheduler(sup):
@@ -178,15 +204,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         plan = make_plan(args)
-        job = Job(plan, args.command, shlex.split(args.mpi_args))
-        if plan.num_servers:
-            job.port = free_port(job.transport, plan.scheduler_host)
+        port = free_port(args.launcher, plan.scheduler_host) if plan.num_servers else None
+        job = Job(plan, args.command, shlex.split(args.mpi_args), args.interface)
+        job.port = port
     except (SizingError, HostError, FileNotFoundError, ValueError, OSError) as exc:
         print(f"kvhybrid-launch: error: {exc}", file=sys.stderr)
         return 2
     print(format_table(plan, {"scheduler": job.port}), flush=True)
     if args.dry_run:
         print("commands (the same job by hand):\n" + "\n".join(job.commands()), flush=True)
+        shutil.rmtree(job.tmpdir, ignore_errors=True)
         return 0
     rc = job.run(Supervisor())
     if rc == 0:

@@ -10,7 +10,7 @@ import os
 import shlex
 import socket
 import subprocess
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 TRANSPORTS = ("local", "ssh", "netns", "slurm")
 
@@ -30,19 +30,22 @@ def wrap(transport: str, host: str, cmd: List[str], env: Dict[str, str],
     raise ValueError(f"unknown transport {transport!r}")
 
 
-def address(transport: str, host: str) -> str:
-    """The IPv4 address the host's processes should advertise to the others."""
-    if transport == "netns":
-        out = subprocess.run(["ip", "netns", "exec", host, "ip", "-4", "-o", "addr", "show"],
+def address(transport: str, host: str, interface: Optional[str] = None) -> str:
+    """The IPv4 address the host's processes advertise to the others: that of ``interface``
+    if one is named, else loopback for a local run, else the host's (namespace's) own."""
+    if transport in ("netns", "local") and (interface or transport == "netns"):
+        prefix = ["ip", "netns", "exec", host] if transport == "netns" else []
+        out = subprocess.run(prefix + ["ip", "-4", "-o", "addr", "show"],
                              capture_output=True, text=True, timeout=10)
         if out.returncode != 0:
             raise ValueError(f"network namespace {host!r} not found: create it with "
                              f"`ip netns add {host}` (or fix the hostfile)")
         for line in out.stdout.splitlines():
             parts = line.split()
-            if parts[1] != "lo":
+            if (parts[1] == interface) if interface else parts[1] != "lo":
                 return parts[3].split("/")[0]
-        raise ValueError(f"network namespace {host!r} has no address besides lo")
+        raise ValueError(f"host {host!r} has no IPv4 address on "
+                         f"{interface or 'an interface besides lo'}: name one with --interface")
     if host in ("localhost", "127.0.0.1") or transport == "local":
         return "127.0.0.1"
     try:

@@ -103,6 +103,16 @@ def test_dry_run_prints_table_and_the_commands_to_run_by_hand():
     assert "KVHYBRID_CLIENT_ID=1" in r.stdout and "mpirun -np 2" in r.stdout
 
 
+def test_interface_names_the_address_processes_advertise():
+    r = launch("-n", 2, "--clients", 2, "--servers", 1, "--interface", "lo", "--dry-run",
+               "python", "examples/train_mlp.py")
+    assert r.returncode == 0, r.stderr
+    assert "DMLC_INTERFACE=lo" in r.stdout and "DMLC_NODE_HOST=127.0.0.1" in r.stdout
+    bad = launch("-n", 2, "--clients", 2, "--servers", 1, "--interface", "nosuchif0",
+                 "python", "examples/train_mlp.py")
+    assert bad.returncode == 2 and "no IPv4 address on nosuchif0" in bad.stderr
+
+
 # -- bad input: one line, exit code 2, nothing started ------------------------------------------
 @pytest.mark.parametrize("args,message", [
     (["-n", 4, "--clients", 3, "--servers", 1], "use --clients one of 1, 2, 4"),
