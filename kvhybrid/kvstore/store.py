@@ -10,6 +10,11 @@ When the store owns the optimizer (``update_on_kvstore=True``, the Trainer's
 default) every rank applies the same update to its own copy of the weights
 right after the allreduce: the copies stay identical without a server.
 
+With several client groups (one ``mpirun`` each, MXNET-MPI Fig. 4/5), each
+group's master pushes the group's sum to MXNet's parameter servers, pulls the
+result (the sum over groups, or the weight the servers' optimizer updated)
+and broadcasts it inside its group.
+
 The class derives from MXNet's native ``KVStore`` (holding a handle to an
 unused native ``local`` store) only because ``gluon.Trainer`` accepts nothing
 else for sparse gradients and sparse weights; every method is overridden.
@@ -67,10 +72,11 @@ def _keys_text(pairs_) -> str:
 
 
 class HybridMPIStore(mx.kv.KVStore):
-    """Synchronous data-parallel KVStore over MPI (mpi-SGD with one client group).
+    """Synchronous data-parallel KVStore (mpi-SGD): MPI inside a client group, MXNet's
+    parameter servers between groups.
 
     Create it with ``mx.kv.create('hybrid-mpi')`` after ``import kvhybrid``,
-    in every rank of an MPI job, and hand it to ``gluon.Trainer``.
+    in every rank of every client group, and hand it to ``gluon.Trainer``.
     """
 
     def __init__(self, config: Optional[StoreConfig] = None):
