@@ -44,21 +44,25 @@ def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-def run_job(n: int, script: str, args: Sequence[str] = (), timeout: float = 240,
-            env: Optional[Dict[str, str]] = None) -> JobResult:
-    """Run ``tests/workers/<script>`` on ``n`` ranks; kill the whole job after ``timeout``."""
-    cmd = mpirun_command(n) + [sys.executable, str(WORKERS / script), *map(str, args)]
+def _run_killable(cmd, what: str, timeout: float, env) -> JobResult:
+    """Run ``cmd`` in its own session; kill its whole process tree after ``timeout``."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=job_env(env), start_new_session=True)
+                            env=job_env(env), start_new_session=True, cwd=ROOT)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"mpirun job {script} {list(args)} still running after {timeout} s "
-                             f"(killed):\n{out[-4000:]}")
+        raise AssertionError(f"{what} still running after {timeout} s (killed):\n{out[-4000:]}")
     return JobResult(proc.returncode, out, time.monotonic() - start)
+
+
+def run_job(n: int, script: str, args: Sequence[str] = (), timeout: float = 240,
+            env: Optional[Dict[str, str]] = None) -> JobResult:
+    """Run ``tests/workers/<script>`` on ``n`` ranks with plain mpirun."""
+    cmd = mpirun_command(n) + [sys.executable, str(WORKERS / script), *map(str, args)]
+    return _run_killable(cmd, f"mpirun job {script} {list(args)}", timeout, env)
 
 
 def run_python(code: str, timeout: float = 60, env: Optional[Dict[str, str]] = None) -> JobResult:
@@ -77,14 +81,4 @@ def run_launcher(launcher_args: Sequence[str], script: str, args: Sequence[str] 
     """Run ``kvhybrid-launch LAUNCHER_ARGS python tests/workers/<script> ARGS``."""
     cmd = [sys.executable, "-m", "kvhybrid.launch.cli", *map(str, launcher_args),
            "python", str(WORKERS / script), *map(str, args)]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=job_env(env), start_new_session=True, cwd=ROOT)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"kvhybrid-launch {list(launcher_args)} {script} still running after "
-                             f"{timeout} s (killed):\n{out[-4000:]}")
-    return JobResult(proc.returncode, out, time.monotonic() - start)
+    return _run_killable(cmd, f"kvhybrid-launch {list(launcher_args)} {script}", timeout, env)

@@ -208,10 +208,16 @@ class Running:
                 psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_failing_worker_stops_the_job_within_10_s_naming_it():
-    job = Running("-n", 4, "--clients", 2, "--servers", 2, "python",
-                  WORKERS / "lifecycle.py", "raise", 3)
+def start_hybrid_job(*worker_args) -> Running:
+    """4 workers in 2 client groups with 2 servers, running tests/workers/lifecycle.py."""
+    job = Running("-n", 4, "--clients", 2, "--servers", 2, "python", WORKERS / "lifecycle.py",
+                  *worker_args)
     job.wait_until_ready(4)
+    return job
+
+
+def test_failing_worker_stops_the_job_within_10_s_naming_it():
+    job = start_hybrid_job("raise", 3)
     rc, out, seconds = job.finish(timeout=60)
     assert rc != 0
     assert "worker 3 failed on purpose" in out
@@ -222,9 +228,7 @@ def test_failing_worker_stops_the_job_within_10_s_naming_it():
 
 
 def test_killed_server_stops_the_job_within_10_s_naming_it():
-    job = Running("-n", 4, "--clients", 2, "--servers", 2, "python",
-                  WORKERS / "lifecycle.py", "train")
-    job.wait_until_ready(4)
+    job = start_hybrid_job("train")
     time.sleep(1)
     server = job.find("server")
     server.kill()
@@ -236,9 +240,7 @@ def test_killed_server_stops_the_job_within_10_s_naming_it():
 
 
 def test_ctrl_c_stops_everything():
-    job = Running("-n", 4, "--clients", 2, "--servers", 2, "python",
-                  WORKERS / "lifecycle.py", "train")
-    job.wait_until_ready(4)
+    job = start_hybrid_job("train")
     job.popen.send_signal(signal.SIGINT)
     rc, out, seconds = job.finish(timeout=60)
     assert rc == 130, out[-2000:]
