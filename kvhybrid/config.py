@@ -64,6 +64,9 @@ class StoreConfig:
     #: KVHYBRID_ALLOW_SINGLETON: allow a store in a process that was not
     #: started by an MPI launcher (it then is a job of one rank).
     allow_singleton: bool = False
+    #: KVHYBRID_CONNECT_TIMEOUT: seconds a group master may take to join the
+    #: scheduler and the servers before the job is aborted naming host:port.
+    connect_timeout: float = 20.0
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
@@ -75,6 +78,7 @@ class StoreConfig:
         "stall_warning": ("KVHYBRID_STALL_WARNING", _parse_seconds),
         "abort_on_error": ("KVHYBRID_ABORT_ON_ERROR", _parse_bool),
         "allow_singleton": ("KVHYBRID_ALLOW_SINGLETON", _parse_bool),
+        "connect_timeout": ("KVHYBRID_CONNECT_TIMEOUT", _parse_seconds),
         "num_servers": ("DMLC_NUM_SERVER", _parse_count),
         "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }

@@ -34,12 +34,12 @@ def scheduler_address() -> str:
 _LINK: Optional["ServerLink"] = None
 
 
-def server_link(watchdog: Watchdog) -> "ServerLink":
+def server_link(watchdog: Watchdog, connect_timeout: float) -> "ServerLink":
     """The process's link (ps-lite starts once per process; every store of the process
     shares it), now timed by ``watchdog``."""
     global _LINK
     if _LINK is None:
-        _LINK = ServerLink(watchdog)
+        _LINK = ServerLink(watchdog, connect_timeout)
         atexit.register(_LINK.close)
     _LINK._dog = watchdog
     return _LINK
@@ -48,13 +48,19 @@ def server_link(watchdog: Watchdog) -> "ServerLink":
 class ServerLink:
     """A group master's ps-lite connection; keys are mapped to ints in call order."""
 
-    def __init__(self, watchdog: Watchdog, mode: str = "dist_sync"):
+    def __init__(self, watchdog: Watchdog, connect_timeout: float, mode: str = "dist_sync"):
         self._dog = watchdog
-        with watchdog.waiting(lambda: "the scheduler, the parameter servers and the other client "
-                                      f"groups' masters to connect (scheduler at "
-                                      f"{scheduler_address()})", collective=False):
+        address = scheduler_address()
+        with watchdog.waiting(f"the scheduler at {address}, the parameter servers and the other "
+                              "client groups' masters to connect", collective=False,
+                              timeout=connect_timeout,
+                              hint=f"check that the scheduler runs at {address} and that this "
+                                   "host reaches it, that DMLC_NUM_SERVER and DMLC_NUM_WORKER "
+                                   "match the servers and client groups started, or raise "
+                                   "KVHYBRID_CONNECT_TIMEOUT"):
             self._kv = mx.kv.create(mode)
         self._ids: Dict[Key, int] = {}
+        self._probes = 0  # probe keys count down from STR_KEY_BASE - 1
 
     @property
     def ps_rank(self) -> int:
@@ -102,9 +108,25 @@ class ServerLink:
                                        f"(scheduler at {scheduler_address()})", collective=False):
             out.wait_to_read()
 
-    def set_optimizer(self, optimizer) -> None:
+    def set_optimizer(self, optimizer) -> bool:
+        """Send the optimizer to the servers; False if they run without it.
+
+        A server that cannot unpickle the optimizer (its module is not importable there)
+        only prints "Exception ignored on calling ctypes callback" and then sums instead of
+        updating, silently. So every master pushes 1 onto a fresh probe key holding 0: servers
+        without an optimizer return the sum (the number of masters), servers with one do not.
+        """
         with self._dog.waiting("the parameter servers to take the optimizer", collective=False):
             self._kv.set_optimizer(optimizer)
+        self._probes += 1
+        kid = STR_KEY_BASE - self._probes
+        probe = mx.nd.zeros((1,))
+        with self._dog.waiting("the parameter servers to answer the optimizer probe",
+                               collective=False):
+            self._kv.init(kid, probe)
+            self._kv.push(kid, mx.nd.ones((1,)))
+            self._kv.pull(kid, out=probe)
+            return float(probe.asscalar()) != float(self.num_masters)
 
     def close(self) -> None:
         """Leave ps-lite (it waits for every node); the handle must not live into teardown."""

@@ -91,7 +91,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._cross = self.config.num_clients > 1
         ps_rank = 0
         if self.config.num_servers > 0 and self.group.rank == 0:
-            self._servers = server_link(self.group.watchdog)
+            self._servers = server_link(self.group.watchdog, self.config.connect_timeout)
             ps_rank = self._servers.ps_rank
         self._client_rank, self._num_clients = self._agree_on_clients(ps_rank)
         ref = weakref.ref(self)
@@ -291,8 +291,17 @@ class HybridMPIStore(mx.kv.KVStore):
 
         self._check("set_optimizer", build)
         self._set_updater(mx.optimizer.get_updater(optimizer))
-        if self._cross and self._servers is not None:
-            self._servers.set_optimizer(optimizer)  # the servers update keys shared by groups
+        if self._cross:  # the servers update the keys the groups share
+            took = self._servers.set_optimizer(optimizer) if self._servers else True
+            with self.group.watchdog.waiting("the master to hand the optimizer to the servers"):
+                took = self.group.comm.bcast(took, root=0)
+            if not took:
+                name = f"{type(optimizer).__module__}.{type(optimizer).__name__}"
+                raise KVHybridError(
+                    f"the parameter servers could not load the optimizer {name} and would sum "
+                    "gradients instead of updating weights: make its module importable on the "
+                    "servers (on their PYTHONPATH; a class defined in the training script, "
+                    "__main__, never is), or train with update_on_kvstore=False")
 
     def _set_updater(self, updater) -> None:
         self._updater = updater

@@ -75,6 +75,8 @@ class Watchdog:
         self._board, self._board_window = self._make_board()
         self._seq = 0
         self._what: Optional[Description] = None
+        self._limit = timeout
+        self._hint: Optional[str] = None
         self._since = 0.0
         self._warned = False
         self._stop = threading.Event()
@@ -104,12 +106,14 @@ class Watchdog:
 
     # -- the public part ---------------------------------------------------------------
     @contextlib.contextmanager
-    def waiting(self, what: Description, collective: bool = True):
+    def waiting(self, what: Description, collective: bool = True,
+                timeout: Optional[float] = None, hint: Optional[str] = None):
         """Run a blocking wait described by ``what`` under the timeout.
 
         Collective waits are numbered (the same numbers on every rank, since
         every rank makes the same calls) and posted on the board; local waits
-        (the MXNet engine) are timed but not numbered.
+        (the MXNet engine) are timed but not numbered. ``timeout`` replaces the
+        group's for this wait, and ``hint`` the advice given when it expires.
         """
         if collective:
             self._seq += 1
@@ -117,6 +121,8 @@ class Watchdog:
                 self._board[self.rank][0] = self._seq
         self._since = time.monotonic()
         self._warned = False
+        self._limit = timeout or self.timeout
+        self._hint = hint
         self._what = what
         try:
             yield
@@ -179,11 +185,12 @@ class Watchdog:
                                      f"(wait #{seq}); aborting the job. Every rank must make the "
                                      "same calls; look at that rank's output for the cause.")
                 return
-            if elapsed > self.timeout and self._what is current:
-                abort_job(self._MPI, f"kvhybrid: rank {self.rank} timed out after {self.timeout:.0f} s "
-                                     f"waiting for {what} (wait #{seq}): {self._laggards(seq)}. "
-                                     "A rank is stuck or ran a different sequence of calls; if this "
-                                     "wait is legitimately longer, raise KVHYBRID_TIMEOUT.")
+            if elapsed > self._limit and self._what is current:
+                advice = self._hint or (f"{self._laggards(seq)}. A rank is stuck or ran a different "
+                                        "sequence of calls; if this wait is legitimately longer, "
+                                        "raise KVHYBRID_TIMEOUT.")
+                abort_job(self._MPI, f"kvhybrid: rank {self.rank} timed out after "
+                                     f"{self._limit:.0f} s waiting for {what} (wait #{seq}): {advice}")
                 return
             if elapsed > self.stall_warning and not self._warned:
                 self._warned = True
