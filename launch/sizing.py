@@ -125,17 +125,17 @@ def format_table(plan: JobPlan, ports: Optional[dict] = None) -> str:
             f"{plan.num_clients} client group(s) + {plan.num_servers} parameter server(s)")
     lines = [f"{plan.spec.num_workers} workers = {plan.num_clients} client group(s) x "
              f"{plan.workers_per_client} workers; {mode}; launcher {plan.spec.launcher}",
-             f"{'process':<14}{'host':<18}{'ranks':<10}{'details'}"]
+             f"{'process':<14}{'host':<18}{'workers':<10}{'details'}"]
     if plan.scheduler_host:
         lines.append(f"{'scheduler':<14}{plan.scheduler_host:<18}{'-':<10}"
                      f"port {ports.get('scheduler', '?')}")
     for i, host in enumerate(plan.server_hosts):
         lines.append(f"{f'server {i}':<14}{host:<18}{'-':<10}ps-lite picks its port")
-    first = 0
     for c in plan.clients:
         where = ",".join(f"{h}:{k}" for h, k in c.ranks)
-        role = "mpirun; rank 0 is the master (ps-lite worker)" if plan.num_servers else "mpirun"
-        lines.append(f"{f'client {c.client}':<14}{where:<18}"
-                     f"{f'{first}-{first + c.size - 1}':<10}{role}")
-        first += c.size
+        role = ("mpirun; its rank 0 is the master (ps-lite worker)" if plan.num_servers
+                else "mpirun")
+        lines.append(f"{f'client {c.client}':<14}{where:<18}{c.size:<10}{role}")
+    if plan.num_servers:
+        lines.append("global ranks follow the order ps-lite's scheduler gives the masters")
     return "\n".join(lines)

@@ -35,7 +35,7 @@ def test_sizing_splits_workers_into_equal_groups_and_places_them():
     table = format_table(p, {"scheduler": 9000})
     assert "8 workers = 2 client group(s) x 4 workers" in table
     assert "scheduler     a" in table and "port 9000" in table
-    assert "client 1      b:4" in table and "4-7" in table
+    assert "client 1      b:4               4" in table
 
 
 def test_sizing_groups_may_span_hosts():
