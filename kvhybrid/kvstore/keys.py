@@ -35,7 +35,8 @@ class KeySlot:
 
 
 def spec(arr: NDArray) -> str:
-    return f"shape {tuple(arr.shape)} {np.dtype(arr.dtype).name}"
+    stype = "" if arr.stype == "default" else f" {arr.stype}"
+    return f"shape {tuple(arr.shape)} {np.dtype(arr.dtype).name}{stype}"
 
 
 def check_key(key) -> Key:
@@ -44,7 +45,7 @@ def check_key(key) -> Key:
     return int(key) if isinstance(key, np.integer) else key
 
 
-def _arrays(key: Key, value, arg: str) -> Arrays:
+def _arrays(key: Key, value, arg: str, sparse_ok: bool = False) -> Arrays:
     arrays = [value] if isinstance(value, NDArray) else value
     if not isinstance(arrays, (list, tuple)) or not arrays:
         raise KeyValueError(f"{arg} of key {key!r} must be an NDArray or a non-empty list of "
@@ -52,19 +53,20 @@ def _arrays(key: Key, value, arg: str) -> Arrays:
     for arr in arrays:
         if not isinstance(arr, NDArray):
             raise KeyValueError(f"{arg} of key {key!r} must hold NDArrays, got {type(arr).__name__}")
-        if arr.stype != "default":
-            raise KeyValueError(f"{arg} of key {key!r} is {arr.stype}: hybrid-mpi handles dense "
-                                "arrays only so far; use dense parameters (e.g. "
-                                "nn.Embedding(sparse_grad=False))")
+        if arr.stype != "default" and not (sparse_ok and arr.stype == "row_sparse"):
+            raise KeyValueError(f"{arg} of key {key!r} is {arr.stype}: hybrid-mpi takes "
+                                "row_sparse arrays only as gradients pushed with one client "
+                                "group (nn.Embedding(sparse_grad=True)); sparse weights "
+                                "(contrib.nn.SparseEmbedding) are not supported yet")
     first = arrays[0]
     for arr in arrays[1:]:
-        if arr.shape != first.shape or arr.dtype != first.dtype:
+        if arr.shape != first.shape or arr.dtype != first.dtype or arr.stype != first.stype:
             raise KeyValueError(f"{arg} of key {key!r} mixes {spec(first)} and {spec(arr)}: "
                                 "every device's copy of a key must have the same shape and dtype")
     return list(arrays)
 
 
-def pairs(key, value, arg: str = "value") -> List[Tuple[Key, Arrays]]:
+def pairs(key, value, arg: str = "value", sparse_ok: bool = False) -> List[Tuple[Key, Arrays]]:
     """``[(key, [arrays])]`` from MXNet's ``key, value`` conventions (one key or a list)."""
     if isinstance(key, (list, tuple)):
         if not isinstance(value, (list, tuple)) or len(value) != len(key):
@@ -78,7 +80,7 @@ def pairs(key, value, arg: str = "value") -> List[Tuple[Key, Arrays]]:
         keys, values = [check_key(key)], [value]
     if len(set(keys)) != len(keys):
         raise KeyValueError(f"keys {keys} repeat a key: pass each key once per call")
-    return [(k, _arrays(k, v, arg)) for k, v in zip(keys, values)]
+    return [(k, _arrays(k, v, arg, sparse_ok)) for k, v in zip(keys, values)]
 
 
 def lookup(slots: Dict[Key, KeySlot], key: Key) -> KeySlot:

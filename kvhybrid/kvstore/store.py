@@ -38,6 +38,7 @@ from ..config import StoreConfig
 from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import Group, allreduce_array, broadcast_array
 from ..tensor_collectives.ops import copy_to_all, reduce_local
+from ..tensor_collectives.rows import allreduce_rows
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec
 from .servers import ServerLink, server_link
@@ -213,11 +214,15 @@ class HybridMPIStore(mx.kv.KVStore):
     # -- push, pull, pushpull ------------------------------------------------------------------
     def _checked_pairs(self, op: str, key, value, out=None):
         def build():
-            ps = pairs(key, value)
+            ps = pairs(key, value, sparse_ok=op == "push")
             outs = pairs(key, out, "out") if out is not None else [(k, None) for k, _ in ps]
             for (k, v), (_, o) in zip(ps, outs):
                 slot = lookup(self._slots, k)
                 check_matches(k, slot, v, "value")
+                if v[0].stype == "row_sparse" and (self._cross or self.config.num_servers):
+                    raise KeyValueError(f"key {k!r}: row_sparse gradients go through MPI only "
+                                        "without parameter servers so far: use --servers 0, or "
+                                        "dense gradients (nn.Embedding(sparse_grad=False))")
                 if o is not None:
                     check_out(k, v, o)
             return [(k, v, o) for (k, v), (_, o) in zip(ps, outs)], f"{op} {_keys_text(ps)}"
@@ -243,6 +248,13 @@ class HybridMPIStore(mx.kv.KVStore):
         self._open()
         for k, value_k, _ in self._checked_pairs("push", key, value):
             slot = self._slots[k]
+            if value_k[0].stype == "row_sparse":  # only the touched rows travel
+                grad = allreduce_rows(value_k, self.group, name=f"key {k!r}")
+                if self._updater is not None:
+                    self._updater(k, grad, slot.value)
+                else:
+                    grad.copyto(slot.value)
+                continue
             target = slot.grad_buffer() if self._updater is not None else slot.value
             self._sum_and_update(k, slot, value_k, target)
 
