@@ -1,6 +1,6 @@
 """The store, its registration with MXNet, and key handling."""
-from .store import NAME, TYPE, HybridMPIStore
+from .store import NAME, TYPE, HybridMPIAsyncStore, HybridMPIStore
 from .registry import register
 from .parameters import broadcast_parameters
 
-__all__ = ["HybridMPIStore", "NAME", "TYPE", "register", "broadcast_parameters"]
+__all__ = ["HybridMPIStore", "HybridMPIAsyncStore", "NAME", "TYPE", "register", "broadcast_parameters"]

@@ -8,9 +8,11 @@ and ``gluon.Trainer(..., kvstore='dist_sync_hybrid-mpi')`` (a name holding
 """
 from mxnet.kvstore import KVStoreBase
 
-from .store import NAME, TYPE, HybridMPIStore
+from .store import ASYNC_NAME, ASYNC_TYPE, NAME, TYPE, HybridMPIAsyncStore, HybridMPIStore
 
 
 def register() -> None:
     for name in (NAME, TYPE):
         KVStoreBase.kv_registry[name] = HybridMPIStore
+    for name in (ASYNC_NAME, ASYNC_TYPE):
+        KVStoreBase.kv_registry[name] = HybridMPIAsyncStore

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import time
 from typing import Dict, Optional
 
 import mxnet as mx
@@ -34,13 +35,16 @@ def scheduler_address() -> str:
 _LINK: Optional["ServerLink"] = None
 
 
-def server_link(watchdog: Watchdog, connect_timeout: float) -> "ServerLink":
+def server_link(watchdog: Watchdog, connect_timeout: float, mode: str) -> "ServerLink":
     """The process's link (ps-lite starts once per process; every store of the process
     shares it), now timed by ``watchdog``."""
     global _LINK
     if _LINK is None:
-        _LINK = ServerLink(watchdog, connect_timeout)
+        _LINK = ServerLink(watchdog, connect_timeout, mode)
         atexit.register(_LINK.close)
+    if _LINK.mode != mode:
+        raise KeyValueError(f"this process already talks to the servers in {_LINK.mode} mode: "
+                            f"one process cannot mix {_LINK.mode} and {mode} stores")
     _LINK._dog = watchdog
     return _LINK
 
@@ -50,6 +54,7 @@ class ServerLink:
 
     def __init__(self, watchdog: Watchdog, connect_timeout: float, mode: str = "dist_sync"):
         self._dog = watchdog
+        self.mode = mode
         address = scheduler_address()
         with watchdog.waiting(f"the scheduler at {address}, the parameter servers and the other "
                               "client groups' masters to connect", collective=False,
@@ -114,19 +119,26 @@ class ServerLink:
         A server that cannot unpickle the optimizer (its module is not importable there)
         only prints "Exception ignored on calling ctypes callback" and then sums instead of
         updating, silently. So every master pushes 1 onto a fresh probe key holding 0: servers
-        without an optimizer return the sum (the number of masters), servers with one do not.
+        without an optimizer return the sum of the pushes (sync: the number of masters; async:
+        each push replaces the value, so 1), servers with one an updated weight. In async
+        mode a pull may come before the push is applied: pull until the value moves.
         """
         with self._dog.waiting("the parameter servers to take the optimizer", collective=False):
             self._kv.set_optimizer(optimizer)
         self._probes += 1
         kid = STR_KEY_BASE - self._probes
         probe = mx.nd.zeros((1,))
+        without = float(self.num_masters) if self.mode == "dist_sync" else 1.0
         with self._dog.waiting("the parameter servers to answer the optimizer probe",
                                collective=False):
             self._kv.init(kid, probe)
             self._kv.push(kid, mx.nd.ones((1,)))
-            self._kv.pull(kid, out=probe)
-            return float(probe.asscalar()) != float(self.num_masters)
+            for _ in range(500):
+                self._kv.pull(kid, out=probe)
+                if float(probe.asscalar()) != 0.0:
+                    break
+                time.sleep(0.01)
+            return float(probe.asscalar()) != without
 
     def close(self) -> None:
         """Leave ps-lite (it waits for every node); the handle must not live into teardown."""

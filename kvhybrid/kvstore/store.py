@@ -49,6 +49,10 @@ NAME = "hybrid-mpi"
 #: ``'dist'`` and ``'sync'`` in the type make Gluon treat the store as a
 #: synchronous distributed one, as it treats MXNet's ``dist_sync``.
 TYPE = "dist_sync_hybrid-mpi"
+#: mpi-ASGD: synchronous inside a client group, asynchronous between groups.
+ASYNC_NAME = "hybrid-mpi-async"
+#: ``'async'`` in the type makes Gluon update on the store, as with ``dist_async``.
+ASYNC_TYPE = "dist_async_hybrid-mpi"
 
 
 def _native_local_handle() -> KVStoreHandle:
@@ -80,6 +84,9 @@ class HybridMPIStore(mx.kv.KVStore):
     in every rank of every client group, and hand it to ``gluon.Trainer``.
     """
 
+    #: the parameter servers' mode between client groups
+    SERVER_MODE = "dist_sync"
+
     def __init__(self, config: Optional[StoreConfig] = None):
         self.config = config or StoreConfig.from_env()
         self.group = Group.world(self.config)   # this client group: the ranks of one mpirun job
@@ -92,7 +99,8 @@ class HybridMPIStore(mx.kv.KVStore):
         self._cross = self.config.num_clients > 1
         ps_rank = 0
         if self.config.num_servers > 0 and self.group.rank == 0:
-            self._servers = server_link(self.group.watchdog, self.config.connect_timeout)
+            self._servers = server_link(self.group.watchdog, self.config.connect_timeout,
+                                        self.SERVER_MODE)
             ps_rank = self._servers.ps_rank
         self._client_rank, self._num_clients = self._agree_on_clients(ps_rank)
         ref = weakref.ref(self)
@@ -115,7 +123,7 @@ class HybridMPIStore(mx.kv.KVStore):
     # -- identity ----------------------------------------------------------------------------
     @property
     def type(self) -> str:
-        return TYPE
+        return TYPE if self.SERVER_MODE == "dist_sync" else ASYNC_TYPE
 
     @property
     def rank(self) -> int:
@@ -378,3 +386,15 @@ class HybridMPIStore(mx.kv.KVStore):
 
     def __repr__(self) -> str:
         return f"<HybridMPIStore rank {self.rank} of {self.num_workers}, {len(self._slots)} keys>"
+
+
+class HybridMPIAsyncStore(HybridMPIStore):
+    """mpi-ASGD (MXNET-MPI §4): each client group still sums its gradients synchronously
+    with MPI, but the groups meet on parameter servers in ``dist_async`` mode: a group's
+    master pushes its sum and pulls the current weights without waiting for the other
+    groups. With one group it is the synchronous store.
+
+    Create it with ``mx.kv.create('hybrid-mpi-async')``.
+    """
+
+    SERVER_MODE = "dist_async"
