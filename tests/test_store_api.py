@@ -1,10 +1,11 @@
 """The store's API (init/push/pull/pushpull/broadcast, optimizer, Gluon integration), under mpirun."""
 import json
 import os
+import re
 
 import pytest
 
-from mpirun import run_job
+from mpirun import run_job, run_launcher
 
 CHECKS = [
     "type_is_distributed_sync", "rank_and_num_workers", "is_native_kvstore_subclass",
@@ -29,3 +30,11 @@ def test_store_behaviour(checks, name):
     assert name in checks, f"check {name} did not run"
     ok, detail = checks[name]
     assert ok, detail
+
+
+def test_barrier_spans_every_client_group():
+    r = run_launcher(["-n", 4, "--clients", 2, "--servers", 1], "barrier.py", timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    waited = {int(m[0]): float(m[1]) for m in re.findall(r"rank (\d) waited ([\d.]+) s", r.output)}
+    assert sorted(waited) == [0, 1, 2, 3]
+    assert min(w for rank, w in waited.items() if rank != 0) > 1.5, waited  # all waited for rank 0

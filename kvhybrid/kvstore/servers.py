@@ -140,6 +140,13 @@ class ServerLink:
                 time.sleep(0.01)
             return float(probe.asscalar()) != without
 
+    def barrier(self) -> None:
+        """Wait for this master's pushes to be answered, then for every master."""
+        with self._dog.waiting("the other client groups' masters at a barrier",
+                               collective=False):
+            mx.nd.waitall()
+            self._kv._barrier()
+
     def close(self) -> None:
         """Leave ps-lite (it waits for every node); the handle must not live into teardown."""
         if self._kv is not None:

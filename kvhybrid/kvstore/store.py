@@ -370,9 +370,15 @@ class HybridMPIStore(mx.kv.KVStore):
 
     # -- barrier and lifetime ------------------------------------------------------------------
     def barrier(self) -> None:
-        """Wait until every rank has reached this point."""
+        """Wait until every rank of every client group has reached this point (and, with
+        servers, until this group's pushes have been answered by them)."""
         with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
             self.group.comm.Barrier()
+        if self._cross:
+            if self._servers is not None:
+                self._servers.barrier()
+            with self.group.watchdog.waiting("the master to leave the servers' barrier"):
+                self.group.comm.Barrier()
 
     _barrier = barrier
 
