@@ -113,6 +113,13 @@ class ServerLink:
                                        f"(scheduler at {scheduler_address()})", collective=False):
             out.wait_to_read()
 
+    def pull(self, key: Key, out: NDArray) -> None:
+        """The servers' current value of ``key``, into ``out``."""
+        self._kv.pull(self._ids[key], out=out)
+        with self._dog.waiting(lambda: f"the parameter servers to return key {key!r} "
+                                       f"(scheduler at {scheduler_address()})", collective=False):
+            out.wait_to_read()
+
     def set_optimizer(self, optimizer) -> bool:
         """Send the optimizer to the servers; False if they run without it.
 

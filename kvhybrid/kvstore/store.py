@@ -267,13 +267,34 @@ class HybridMPIStore(mx.kv.KVStore):
             self._sum_and_update(k, slot, value_k, target)
 
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
-        """Copy the store's value of ``key`` into ``out`` (local: every rank holds the same copy)."""
+        """Copy the value of ``key`` into ``out``. With one group every rank holds the same
+        copy and the pull is local; with several, the servers hold the value (in async mode
+        newer than this group's copy), so the pull is a call every rank of the group makes."""
         self._open()
+        if self._cross:
+            self._pull_from_servers(key, out)
+            return
         if out is None:
             raise KeyValueError(f"pull of key {key!r} needs out=: the arrays to write into")
         for k, out_k in pairs(key, out, "out"):
             slot = lookup(self._slots, k)
             check_matches(k, slot, out_k, "out")
+            copy_to_all(slot.value, out_k)
+
+    def _pull_from_servers(self, key, out) -> None:
+        def build():
+            if out is None:
+                raise KeyValueError(f"pull of key {key!r} needs out=: the arrays to write into")
+            ps = pairs(key, out, "out")
+            for k, out_k in ps:
+                check_matches(k, lookup(self._slots, k), out_k, "out")
+            return ps, f"pull {_keys_text(ps)}"
+
+        for k, out_k in self._check("pull", build, f" of key {key!r}"):
+            slot = self._slots[k]
+            if self._servers is not None:
+                self._servers.pull(k, slot.value)
+            broadcast_array(slot.value, 0, self.group, name=f"key {k!r} from the servers")
             copy_to_all(slot.value, out_k)
 
     def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None) -> None:
