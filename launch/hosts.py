@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 import socket
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List
 
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -56,5 +56,5 @@ def _slots(raw: str, where: str) -> int:
     return int(raw)
 
 
-def local_hosts(num_workers: int, name: Optional[str] = None) -> List[Host]:
-    return [Host(name or "localhost", num_workers)]
+def local_hosts(num_workers: int) -> List[Host]:
+    return [Host("localhost", num_workers)]

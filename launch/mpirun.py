@@ -24,7 +24,6 @@ class MpiJob:
     command: List[str]
     hosts: Optional[str] = None          # "a:2,b:2" (Open MPI -H / MPICH -hosts)
     hostfile: Optional[str] = None
-    env: Dict[str, str] = field(default_factory=dict)
     extra_args: List[str] = field(default_factory=list)
     #: More processes than cores on the host (other groups, servers): waiting ranks must
     #: yield the CPU instead of spinning on it (4x faster with groups + servers on 2 cores).
@@ -45,8 +44,8 @@ def flavour(mpirun: str) -> str:
     return "openmpi" if ("Open MPI" in out or "OpenRTE" in out) else "mpich"
 
 
-def job_env(user: Dict[str, str], base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = dict(os.environ if base is None else base)
+def job_env(user: Dict[str, str]) -> Dict[str, str]:
+    env = dict(os.environ)
     for k, v in DEFAULT_ENV.items():
         env.setdefault(k, v)
     env.update(user)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence
+
+from kvhybrid.launch.mpirun import find_mpirun, flavour
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -23,12 +24,10 @@ class JobResult:
 
 
 def mpirun_command(n: int) -> list:
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        raise RuntimeError("mpirun not found: run scripts/setup.sh (it installs Open MPI)")
+    """Plain mpirun (not kvhybrid-launch), allowed more ranks than cores."""
+    mpirun = find_mpirun()
     cmd = [mpirun, "-np", str(n)]
-    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
+    if flavour(mpirun) == "openmpi":
         cmd += ["--oversubscribe", "--bind-to", "none", "--tag-output"]
     return cmd
 

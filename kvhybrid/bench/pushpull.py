@@ -24,7 +24,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -177,11 +176,13 @@ def _worker_cmd(kind: str, args, out: str) -> List[str]:
 
 
 def _mpirun(n: int) -> List[str]:
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        raise SystemExit("pushpull: mpirun not found: run scripts/setup.sh first")
+    from kvhybrid.launch.mpirun import find_mpirun, flavour
+    try:
+        mpirun = find_mpirun()
+    except FileNotFoundError as exc:
+        raise SystemExit(f"pushpull: {exc}") from None
     cmd = [mpirun, "-np", str(n)]
-    if "Open MPI" in subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout:
+    if flavour(mpirun) == "openmpi":
         cmd += ["--oversubscribe", "--bind-to", "none"]
     return cmd
 

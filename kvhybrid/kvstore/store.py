@@ -224,16 +224,19 @@ class HybridMPIStore(mx.kv.KVStore):
         def build():
             ps = pairs(key, value, sparse_ok=op == "push")
             outs = pairs(key, out, "out") if out is not None else [(k, None) for k, _ in ps]
+            signature = []
             for (k, v), (_, o) in zip(ps, outs):
                 slot = lookup(self._slots, k)
                 check_matches(k, slot, v, "value")
-                if v[0].stype == "row_sparse" and (self._cross or self.config.num_servers):
+                stype = v[0].stype
+                signature.append(f"key {k!r} shape {slot.shape} {slot.dtype.name} {stype}")
+                if stype == "row_sparse" and (self._cross or self.config.num_servers):
                     raise KeyValueError(f"key {k!r}: row_sparse gradients go through MPI only "
                                         "without parameter servers so far: use --servers 0, or "
                                         "dense gradients (nn.Embedding(sparse_grad=False))")
                 if o is not None:
                     check_out(k, v, o)
-            return [(k, v, o) for (k, v), (_, o) in zip(ps, outs)], f"{op} {_keys_text(ps)}"
+            return [(k, v, o) for (k, v), (_, o) in zip(ps, outs)], f"{op} {', '.join(signature)}"
 
         return self._check(op, build, f" of key {key!r}")
 

@@ -103,6 +103,7 @@ def _in_place(arr: NDArray, group: Group, what: Callable[[], str],
         wait_to_write(host)
     with dog.waiting(what):
         fn(host_view(host, dtype, count))
+    group.bytes_sent["dense"] += count * dtype.itemsize
     if host is not arr:
         host.reshape(shape).copyto(arr)
 
@@ -112,7 +113,6 @@ def allreduce_array(arr: NDArray, op: str = "sum", group: Group = None, name: st
     """Reduce one array across the group, in place."""
     MPI = group.MPI
     mpi_op = _mpi_op(MPI, op, np.dtype(arr.dtype))
-    group.bytes_sent["dense"] += arr.size * np.dtype(arr.dtype).itemsize
     _in_place(arr, group,
               lambda: f"allreduce({op}) of {name or 'a tensor'} {describe(arr)} on group "
                       f"{group.name} of {group.size} ranks",
