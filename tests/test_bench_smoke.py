@@ -22,3 +22,16 @@ def test_pushpull_benchmark_writes_table_json_and_plot(tmp_path):
     assert {"hybrid_pushpull_inplace", "mpi_allreduce_inplace", "horovod_allreduce",
             "dist_sync_push_pull"} <= set(results)
     assert (tmp_path / "pushpull.png").stat().st_size > 10_000
+
+
+def test_sparse_pull_benchmark_measures_both_designs(tmp_path):
+    cmd = [sys.executable, "-m", "kvhybrid.bench.sparse_pull", "--workers", "2", "--rows", "500",
+           "--ids", "64", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = (tmp_path / "sparse_pull.md").read_text()
+    assert "master pulls the union, scatters" in table and "every worker pulls its rows" in table
+    results = json.loads((tmp_path / "sparse_pull.json").read_text())["results"]["2"]
+    assert set(results) == {"master", "every"}
+    assert all(r["pull_ms"] > 0 and r["rows_per_worker"] > 0 for r in results.values())
+    assert (tmp_path / "sparse_pull.png").stat().st_size > 10_000

@@ -1,8 +1,9 @@
-"""Row-sparse gradients (nn.Embedding(sparse_grad=True)) over pure MPI equal single-process training.
+"""Sparse models through hybrid-mpi equal single-process training, with and without servers.
 
-MXNet's own dist_sync crashes its servers on this model (MXNet issues #19949, #21118);
-hybrid-mpi gathers only the touched rows with Allgatherv and applies the same lazy
-update on every rank.
+Both Gluon paths: a dense weight with row_sparse gradients (nn.Embedding(sparse_grad=True);
+MXNet's own dist_sync crashes its servers on it, MXNet issues #19949, #21118) and a sparse
+weight (contrib.nn.SparseEmbedding), next to dense layers, for pure MPI (rows gathered with
+Allgatherv), one client group with a server, two groups, and pure PS (a group per worker).
 """
 import json
 
@@ -11,63 +12,100 @@ import mxnet as mx
 import pytest
 from mxnet import autograd, gluon
 
-from models import weights
 from mpirun import run_job, run_launcher
-from sparse_models import make_sparse_net, sparse_batch
+from sparse_models import make_sparse_net, make_trainer, set_weights, sparse_batch, trained_weights
 
 STEPS, PER_DEVICE = 4, 5
+# (workers, devices per worker, client groups, servers): pure MPI, one group with a server,
+# two groups, pure PS (a group per worker)
+SHAPES = [(2, 1, 1, 0), (4, 2, 1, 0), (4, 1, 1, 1), (4, 1, 2, 2), (4, 1, 4, 2)]
+KINDS = ["grad", "weight"]
 
 
-@pytest.mark.parametrize("ranks,ndev", [(2, 1), (4, 2)], ids=["2ranks-1dev", "4ranks-2dev"])
-def test_sparse_gradients_match_single_process(tmp_path, ranks, ndev):
-    r = run_job(ranks, "train_sparse.py", [tmp_path, ndev, STEPS, PER_DEVICE], timeout=240)
-    assert r.returncode == 0, r.output[-4000:]
-    # One process, one device, the union batch; step(per-worker batch): dist_sync semantics.
-    total = ranks * ndev * PER_DEVICE
-    net = make_sparse_net()
-    net.load_parameters(str(tmp_path / "init.params"), ctx=mx.cpu())
-    trainer = gluon.Trainer(net.collect_params(), "sgd",
-                            {"learning_rate": 0.5, "momentum": 0.9, "wd": 1e-3}, kvstore=None)
+@pytest.fixture(scope="module", params=SHAPES,
+                ids=lambda s: f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers")
+def sparse_job(request, tmp_path_factory):
+    ranks, ndev, clients, servers = request.param
+    out = tmp_path_factory.mktemp(f"sparse-{ranks}-{ndev}-{clients}-{servers}")
+    for kind in KINDS:   # one store per process with servers: one job per model
+        args = [out, ndev, STEPS, PER_DEVICE, kind]
+        if servers == 0:
+            r = run_job(ranks, "train_sparse.py", args, timeout=240)
+        else:
+            r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],
+                             "train_sparse.py", args, timeout=240)
+        assert r.returncode == 0, r.output[-4000:]
+    return ranks, ndev, out
+
+
+def reference(kind: str, init: dict, ranks: int, ndev: int) -> dict:
+    """One process, one device, the union batch; step(per-worker batch): dist_sync semantics."""
+    net = make_sparse_net(kind)
+    net.initialize(ctx=mx.cpu())
+    set_weights(net, init)
+    # kvstore=None for a dense weight; a sparse weight needs a store, the native local one
+    trainer, step_arg = make_trainer(net, kind, None if kind == "grad" else "local",
+                                     ndev * PER_DEVICE)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(STEPS):
-        x, y = sparse_batch(step, total)
+        x, y = sparse_batch(step, ranks * ndev * PER_DEVICE)
         with autograd.record():
             loss = loss_fn(net(mx.nd.array(x)), mx.nd.array(y))
         loss.backward()
-        trainer.step(ndev * PER_DEVICE)
-    ref = weights(net)
-    init = mx.nd.load(str(tmp_path / "init.params"))
+        trainer.step(step_arg)
+    return trained_weights(net)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=["sparse_grad", "SparseEmbedding"])
+def test_sparse_models_match_single_process(sparse_job, kind):
+    ranks, ndev, out = sparse_job
+    init = dict(np.load(out / f"{kind}-init.npz"))
+    ref = reference(kind, init, ranks, ndev)
     for rank in range(ranks):
-        got = np.load(tmp_path / f"rank{rank}.npz")
+        got = np.load(out / f"{kind}-rank{rank}.npz")
+        assert sorted(got.files) == sorted(ref)
         for name, want in ref.items():
             err = np.linalg.norm(got[name] - want) / np.linalg.norm(want)
             assert err <= 1e-5, f"rank {rank} {name}: relative error {err:.2e}"
-    moved = np.linalg.norm(ref["embed.weight"] - init["embed.weight"].asnumpy())
-    assert moved > 1e-3, "the embedding did not train: the comparison would prove nothing"
+    for name in ref:   # every parameter trained, the table included
+        moved = np.linalg.norm(ref[name] - init[name]) / max(np.linalg.norm(init[name]), 1.0)
+        assert moved > 1e-3, f"{name} did not train: the comparison would prove nothing"
 
 
+@pytest.mark.parametrize("shape", [(2, 1, 0), (4, 2, 1)], ids=["pure-mpi", "2clients-1server"])
 @pytest.mark.parametrize("touched", [0.01, 0.10])
-def test_row_sparse_traffic_scales_with_rows_touched(tmp_path, touched):
-    # A 1M-row table: each rank pushes gradients for a fraction of its rows.
-    r = run_job(2, "sparse_traffic.py", [tmp_path / "traffic.json", touched], timeout=240)
+def test_row_sparse_traffic_scales_with_rows_touched(tmp_path, touched, shape):
+    # A 1M-row table: each worker pushes gradients for a fraction of its rows, twice.
+    ranks, clients, servers = shape
+    if servers == 0:
+        r = run_job(ranks, "sparse_traffic.py", [tmp_path, touched], timeout=240)
+    else:
+        r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],
+                         "sparse_traffic.py", [tmp_path, touched], timeout=240)
     assert r.returncode == 0, r.output[-4000:]
-    sent = json.load(open(tmp_path / "traffic.json"))
-    fraction = sent["bytes_sent"] / sent["table_bytes"]
-    # ids (8 bytes) travel with each row (32 bytes): 1.25x the rows' share of the table
-    assert touched <= fraction <= 1.5 * touched, f"sent {fraction:.2%} of the table's bytes"
-    assert sent["stored_rows_nonzero"] == sent["union_rows"]     # the sum landed in the store
+    ranks_sent = [json.load(open(tmp_path / f"rank{rank}.json")) for rank in range(ranks)]
+    union = set().union(*(s["ids"] for s in ranks_sent))
+    for rank, s in enumerate(ranks_sent):
+        fraction = sum(s["sent"].values()) / s["table_bytes"]
+        # ids (8 bytes) travel with each row (32 bytes): 1.25x the rows' share of the table;
+        # a master also pushes its group's union of rows (here 2 workers' rows) to the servers
+        limit = 1.3 if servers == 0 or rank % (ranks // clients) else 1.3 + 2 * 1.3
+        assert touched <= fraction <= limit * touched, f"rank {rank} sent {fraction:.2%}"
+        assert s["sent"]["dense"] == 0
+        if servers:
+            assert (s["sent"]["servers"] > 0) == (rank % (ranks // clients) == 0)
+        # the sum of both pushes landed: every touched row, each worker's 1s counted twice
+        assert s["stored_rows_nonzero"] == len(union)
+        assert s["stored_max"] >= 2.0
 
 
-def test_sparse_weights_are_refused_on_every_rank_with_a_clear_error():
-    r = run_job(2, "sparse_weight.py", timeout=120)
+def test_row_sparse_push_to_servers_before_set_optimizer_is_refused_on_every_rank():
+    # Without an optimizer the servers overwrite rows instead of summing them: silently wrong.
+    r = run_launcher(["-n", 2, "--clients", 1, "--servers", 1], "sparse_no_optimizer.py",
+                     timeout=120)
     assert r.returncode != 0
     for rank in range(2):
-        assert f"rank {rank} raised:" in r.output, r.output[-3000:]
-    assert "sparse weights (contrib.nn.SparseEmbedding) are not supported yet" in r.output
-
-
-def test_sparse_gradients_with_servers_are_refused_with_a_clear_error(tmp_path):
-    r = run_launcher(["-n", 2, "--clients", 2, "--servers", 1], "train_sparse.py",
-                     [tmp_path, 1, 1, 2], timeout=120)
-    assert r.returncode != 0
-    assert "row_sparse gradients go through MPI only without parameter servers so far" in r.output
+        assert f"rank {rank} raised: push failed on ranks 0, 1: push of row_sparse gradients " \
+            "of key 'table' to the parameter servers needs an optimizer there" in r.output, \
+            r.output[-3000:]
+    assert "call set_optimizer first" in r.output

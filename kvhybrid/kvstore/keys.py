@@ -25,8 +25,11 @@ class KeySlot:
 
     shape: Tuple[int, ...]
     dtype: np.dtype
-    value: NDArray                      # the store's copy (weights when it owns the optimizer)
+    value: Optional[NDArray]            # the store's copy (weights when it owns the optimizer);
+                                        # None for a sparse weight held by the servers
     grad: Optional[NDArray] = None      # reduction buffer for push with an optimizer
+    sparse_weight: bool = False         # initialised with a row_sparse table (SparseEmbedding)
+    rows_on_servers: bool = False       # its rows live on the parameter servers (see sparse.py)
 
     def grad_buffer(self) -> NDArray:
         if self.grad is None:
@@ -55,9 +58,9 @@ def _arrays(key: Key, value, arg: str, sparse_ok: bool = False) -> Arrays:
             raise KeyValueError(f"{arg} of key {key!r} must hold NDArrays, got {type(arr).__name__}")
         if arr.stype != "default" and not (sparse_ok and arr.stype == "row_sparse"):
             raise KeyValueError(f"{arg} of key {key!r} is {arr.stype}: hybrid-mpi takes "
-                                "row_sparse arrays only as gradients pushed with one client "
-                                "group (nn.Embedding(sparse_grad=True)); sparse weights "
-                                "(contrib.nn.SparseEmbedding) are not supported yet")
+                                "row_sparse arrays in init (sparse weights), push (sparse "
+                                "gradients) and row_sparse_pull only; pass default-storage "
+                                "arrays here")
     first = arrays[0]
     for arr in arrays[1:]:
         if arr.shape != first.shape or arr.dtype != first.dtype or arr.stype != first.stype:

@@ -25,7 +25,9 @@ PREFIX = "kvhybrid.broadcast_parameters:"
 def broadcast_parameters(params: Union[ParameterDict, dict], store: HybridMPIStore,
                          root: int = 0) -> None:
     """Overwrite every parameter on every rank and device with rank ``root``'s value."""
-    items = sorted(params.items())
+    # A sparse weight (row_sparse) takes rank 0's table from the store when the Trainer
+    # initialises it, and every forward pass pulls its rows from there.
+    items = sorted((name, p) for name, p in params.items() if p._stype == "default")
     error = None
     try:
         if not isinstance(store, HybridMPIStore):

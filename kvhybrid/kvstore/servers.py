@@ -6,15 +6,23 @@ therefore the number of client groups, not of MPI ranks.
 
 Every ps-lite wait runs under the group's watchdog, because ps-lite waits
 forever when a server or another master is gone.
+
+A key whose rows live on the servers (a sparse weight, or a dense weight that
+gets row_sparse gradients from several groups) is stored there as a
+``row_sparse`` array under a ps-lite key of its own (``ROWS_KEY_BASE`` + the
+key's id): a dense key on the servers crashes them when a row_sparse push
+arrives (MXNet issues #19949, #21118).
 """
 from __future__ import annotations
 
 import atexit
+import copy
 import logging
 import os
 import time
 from typing import Dict, Optional
 
+import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
 
@@ -24,8 +32,16 @@ from .keys import Key
 
 log = logging.getLogger("kvhybrid")
 
-#: ps-lite keys for str keys start here (int keys are used as they are).
-STR_KEY_BASE = 1 << 20
+# ps-lite keys. MXNet picks a small key's server as ``(key * 9973) % servers`` in 32-bit
+# arithmetic, so every ps-lite key must stay below 2**31 / 9973 (215,329) or it overflows
+# onto a server that does not exist (a crash, or worse, a wrong server).
+#: int keys are used as they are, below this
+INT_KEY_LIMIT = 1 << 15
+#: str keys get ids from here up; optimizer probes count down from PROBE_KEY_TOP
+STR_KEY_BASE = INT_KEY_LIMIT
+PROBE_KEY_TOP = (1 << 16) - 1
+#: the row_sparse copy of a key lives at ROWS_KEY_BASE + the key's id
+ROWS_KEY_BASE = 1 << 16
 
 
 def scheduler_address() -> str:
@@ -65,7 +81,7 @@ class ServerLink:
                                    "KVHYBRID_CONNECT_TIMEOUT"):
             self._kv = mx.kv.create(mode)
         self._ids: Dict[Key, int] = {}
-        self._probes = 0  # probe keys count down from STR_KEY_BASE - 1
+        self._probes = 0  # probe keys count down from PROBE_KEY_TOP
 
     @property
     def ps_rank(self) -> int:
@@ -89,9 +105,50 @@ class ServerLink:
             raise KeyValueError(f"key {key!r} is already on the parameter servers: with servers, "
                                 "each key is initialised once per process (one store per "
                                 "process, one init or broadcast per key)")
-        if self._next_id(key) in self._ids.values():
-            raise KeyValueError(f"key {key!r} maps to ps-lite key {self._next_id(key)}, which is "
-                                f"taken: use int keys below {STR_KEY_BASE} with str keys")
+        if isinstance(key, int) and not 0 <= key < INT_KEY_LIMIT:
+            raise KeyValueError(f"int key {key} is outside [0, {INT_KEY_LIMIT}), the int keys "
+                                "the parameter servers can route: use smaller int keys (gluon."
+                                "Trainer uses 0, 1, ...) or str keys")
+        if self._next_id(key) >= PROBE_KEY_TOP - self._probes:
+            raise KeyValueError(f"key {key!r}: the parameter servers hold at most "
+                                f"{PROBE_KEY_TOP - STR_KEY_BASE - self._probes} str keys per "
+                                "process: use int keys")
+
+    def _rows_id(self, key: Key) -> int:
+        if key not in self._ids:  # a key seen first here (a sparse weight) takes its id now
+            self._ids[key] = self._next_id(key)
+        return ROWS_KEY_BASE + self._ids[key]
+
+    def init_rows(self, key: Key, value: NDArray) -> None:
+        """Put the table ``value`` (dense, every row) on the servers as a row_sparse key;
+        ps-lite rank 0's table wins. Every row is sent, zero rows included: the servers
+        store the rows of an init in the order they arrive and abort on an empty one."""
+        kid = self._rows_id(key)
+        rows = value.shape[0]
+        full = mx.nd.sparse.row_sparse_array(
+            (value, mx.nd.arange(rows, ctx=value.context, dtype="int64")),
+            shape=value.shape, ctx=value.context, dtype=value.dtype)
+        with self._dog.waiting(lambda: f"the other client groups to init the rows of key {key!r} "
+                                       "on the parameter servers", collective=False):
+            self._kv.init(kid, full)
+            mx.nd.waitall()
+
+    def push_rows(self, key: Key, rows: NDArray) -> None:
+        """Push a row_sparse array (the group's summed gradient rows; may have no rows).
+        ps-lite reuses the pushed array as its pull buffer: do not read it afterwards."""
+        self._kv.push(self._rows_id(key), rows)
+
+    def pull_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> NDArray:
+        """The servers' current rows ``ids`` (sorted, unique, non-empty) of ``key``, as a
+        dense (len(ids), ...) array."""
+        out = mx.nd.sparse.zeros("row_sparse", shape, dtype=dtype)
+        self._kv.row_sparse_pull(self._rows_id(key), out=out,
+                                 row_ids=mx.nd.array(ids, dtype="int64"))
+        with self._dog.waiting(lambda: f"the parameter servers to return {len(ids)} rows of key "
+                                       f"{key!r} (scheduler at {scheduler_address()})",
+                               collective=False):
+            out.wait_to_read()
+        return out.data
 
     def init(self, key: Key, value: NDArray, out: NDArray) -> None:
         """Register ``key`` on the servers (ps-lite rank 0's value wins); pull it into ``out``."""
@@ -124,28 +181,50 @@ class ServerLink:
         """Send the optimizer to the servers; False if they run without it.
 
         A server that cannot unpickle the optimizer (its module is not importable there)
-        only prints "Exception ignored on calling ctypes callback" and then sums instead of
-        updating, silently. So every master pushes 1 onto a fresh probe key holding 0: servers
-        without an optimizer return the sum of the pushes (sync: the number of masters; async:
-        each push replaces the value, so 1), servers with one an updated weight. In async
-        mode a pull may come before the push is applied: pull until the value moves.
+        only prints "Exception ignored on calling ctypes callback" and then overwrites
+        values with the pushed sums instead of updating, silently. So every master pushes
+        1, twice, onto a fresh probe key holding 0. Servers without an optimizer hold the
+        sum of one round's pushes after each round (sync: the number of masters; async:
+        each push replaces the value, so 1); servers with one hold an updated weight that
+        moves from round to round (an optimizer whose first step happens to equal that sum,
+        say SGD with learning_rate=-1, still moves in the second). In async mode a pull
+        may come before other masters' pushes land: pull until the value moves (5 s at most).
         """
         with self._dog.waiting("the parameter servers to take the optimizer", collective=False):
-            self._kv.set_optimizer(optimizer)
+            self._kv.set_optimizer(self._for_servers(optimizer))
         self._probes += 1
-        kid = STR_KEY_BASE - self._probes
+        kid = PROBE_KEY_TOP - self._probes
         probe = mx.nd.zeros((1,))
         without = float(self.num_masters) if self.mode == "dist_sync" else 1.0
+        seen = []
         with self._dog.waiting("the parameter servers to answer the optimizer probe",
                                collective=False):
             self._kv.init(kid, probe)
-            self._kv.push(kid, mx.nd.ones((1,)))
-            for _ in range(500):
-                self._kv.pull(kid, out=probe)
-                if float(probe.asscalar()) != 0.0:
-                    break
-                time.sleep(0.01)
-            return float(probe.asscalar()) != without
+            last = 0.0
+            tries = 1 if self.mode == "dist_sync" else 500   # sync: a round ends with its update
+            for _ in range(2):
+                self._kv.push(kid, mx.nd.ones((1,)))
+                for _ in range(tries):
+                    self._kv.pull(kid, out=probe)
+                    if float(probe.asscalar()) != last:
+                        break
+                    time.sleep(0.01)
+                last = float(probe.asscalar())
+                seen.append(last)
+        return seen != [without, without]
+
+    @staticmethod
+    def _for_servers(optimizer):
+        """A copy whose multipliers are keyed by ps-lite key. MXNet drops ``param_dict``
+        when it pickles an optimizer, so the servers of plain ``dist_sync`` ignore each
+        Parameter's ``lr_mult`` and ``wd_mult``; the copy carries them by index."""
+        clone = copy.copy(optimizer)
+        clone.lr_mult, clone.wd_mult = dict(optimizer.lr_mult), dict(optimizer.wd_mult)
+        for index, param in optimizer.param_dict.items():
+            for kid in (index, ROWS_KEY_BASE + index):
+                clone.lr_mult[kid] = param.lr_mult
+                clone.wd_mult[kid] = param.wd_mult
+        return clone
 
     def barrier(self) -> None:
         """Wait for this master's pushes to be answered, then for every master."""

@@ -15,6 +15,9 @@ group's master pushes the group's sum to MXNet's parameter servers, pulls the
 result (the sum over groups, or the weight the servers' optimizer updated)
 and broadcasts it inside its group.
 
+row_sparse keys (sparse weights, sparse gradients) move only the rows touched;
+``sparse.py`` says where their rows live.
+
 The class derives from MXNet's native ``KVStore`` (holding a handle to an
 unused native ``local`` store) only because ``gluon.Trainer`` accepts nothing
 else for sparse gradients and sparse weights; every method is overridden.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -38,7 +42,7 @@ from ..config import StoreConfig
 from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import Group, allreduce_array, broadcast_array
 from ..tensor_collectives.ops import copy_to_all, reduce_local
-from ..tensor_collectives.rows import allreduce_rows
+from . import sparse
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec
 from .servers import ServerLink, server_link
@@ -53,6 +57,17 @@ TYPE = "dist_sync_hybrid-mpi"
 ASYNC_NAME = "hybrid-mpi-async"
 #: ``'async'`` in the type makes Gluon update on the store, as with ``dist_async``.
 ASYNC_TYPE = "dist_async_hybrid-mpi"
+
+
+def _unrecorded(method):
+    """Gluon calls the store inside ``autograd.record()`` (a sparse weight's first forward
+    pass initialises the Trainer's store); the store's writes into weights are not part of
+    the model's graph, as with MXNet's own stores, which write from C++."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with mx.autograd.pause():
+            return method(*args, **kwargs)
+    return wrapper
 
 
 def _native_local_handle() -> KVStoreHandle:
@@ -158,22 +173,53 @@ class HybridMPIStore(mx.kv.KVStore):
                                 "mx.kv.create('hybrid-mpi')")
 
     # -- init and broadcast --------------------------------------------------------------------
+    @_unrecorded
     def init(self, key, value) -> None:
         """Register keys; their value is rank 0's (as in ``dist_sync``)."""
         self._open()
 
         def build():
-            ps = pairs(key, value)
-            for k, _ in ps:
+            ps = pairs(key, value, sparse_ok=True)
+            for k, arrays in ps:
                 if k in self._slots:
                     raise KeyValueError(f"key {k!r} is already initialised: init each key once, "
                                         "or use broadcast() to overwrite its value")
-                self._check_new_on_servers(k)
+                if arrays[0].stype == "row_sparse":
+                    self._check_new_table(k, arrays[0])
+                else:
+                    self._check_new_on_servers(k)
             return ps, "init " + _keys_text(ps)
 
         for k, arrays in self._check("init", build, f" of key {key!r}"):
-            self._set_from_root(k, arrays[0])
+            if arrays[0].stype == "row_sparse":
+                self._init_table(k, arrays[0])
+            else:
+                self._set_from_root(k, arrays[0])
 
+    def _check_new_table(self, key: Key, value: mx.nd.NDArray) -> None:
+        rows = value.shape[0]
+        if rows < max(1, self.config.num_servers):
+            raise KeyValueError(f"row_sparse key {key!r} has {rows} rows, fewer than the "
+                                f"{self.config.num_servers} servers it is split across: give "
+                                "the table more rows, or use a dense parameter")
+        if self.config.num_servers and self._servers is not None:
+            self._servers.check_new(key)
+
+    def _init_table(self, key: Key, value: mx.nd.NDArray) -> None:
+        """A sparse weight: rank 0's table, kept on the servers or by every rank."""
+        slot = KeySlot(tuple(value.shape), np.dtype(value.dtype), None, sparse_weight=True)
+        slot.rows_on_servers = sparse.rows_live_on_servers(slot, self.config.num_servers,
+                                                           self._cross)
+        if not slot.rows_on_servers:
+            slot.value = mx.nd.zeros(value.shape, ctx=value.context, dtype=value.dtype)
+            if self.group.rank == 0:
+                value.copyto(slot.value)
+            broadcast_array(slot.value, 0, self.group, name=f"key {key!r}")
+        elif self._servers is not None:
+            self._servers.init_rows(key, value.tostype("default"))
+        self._slots[key] = slot
+
+    @_unrecorded
     def broadcast(self, key, value, out, priority: int = 0) -> None:
         """Give every rank rank 0's ``value``, written into ``out`` (one array per device)."""
         self._open()
@@ -230,16 +276,31 @@ class HybridMPIStore(mx.kv.KVStore):
                 check_matches(k, slot, v, "value")
                 stype = v[0].stype
                 signature.append(f"key {k!r} shape {slot.shape} {slot.dtype.name} {stype}")
-                if stype == "row_sparse" and (self._cross or self.config.num_servers):
-                    raise KeyValueError(f"key {k!r}: row_sparse gradients go through MPI only "
-                                        "without parameter servers so far: use --servers 0, or "
-                                        "dense gradients (nn.Embedding(sparse_grad=False))")
+                self._check_route(k, slot, stype)
                 if o is not None:
                     check_out(k, v, o)
             return [(k, v, o) for (k, v), (_, o) in zip(ps, outs)], f"{op} {', '.join(signature)}"
 
         return self._check(op, build, f" of key {key!r}")
 
+    def _check_route(self, key: Key, slot: KeySlot, stype: str) -> None:
+        if stype == "row_sparse":
+            to_servers = slot.rows_on_servers or sparse.rows_live_on_servers(
+                slot, self.config.num_servers, self._cross)
+            if to_servers and self._updater is None:
+                raise KeyValueError(
+                    f"push of row_sparse gradients of key {key!r} to the parameter servers "
+                    "needs an optimizer there (without one they overwrite rows instead of "
+                    "summing them): call set_optimizer first, as gluon.Trainer does with "
+                    "update_on_kvstore=True")
+        elif slot.sparse_weight:
+            raise KeyValueError(f"key {key!r} holds a sparse weight: push row_sparse gradients "
+                                "to it (contrib.nn.SparseEmbedding does)")
+        elif slot.rows_on_servers:
+            raise KeyValueError(f"key {key!r} took row_sparse gradients, so its rows live on "
+                                "the parameter servers: keep pushing row_sparse gradients")
+
+    @_unrecorded
     def pushpull(self, key, value, out=None, priority: int = 0) -> None:
         """Sum ``value`` over devices and ranks; write the result (or, with an optimizer, the
         updated weight) into ``out``, or into ``value`` when ``out`` is None.
@@ -254,27 +315,39 @@ class HybridMPIStore(mx.kv.KVStore):
             target = slot.grad_buffer() if self._updater is not None else dst[0]
             copy_to_all(self._sum_and_update(k, slot, value_k, target), dst)
 
+    @_unrecorded
     def push(self, key, value, priority: int = 0) -> None:
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
         self._open()
         for k, value_k, _ in self._checked_pairs("push", key, value):
             slot = self._slots[k]
             if value_k[0].stype == "row_sparse":  # only the touched rows travel
-                grad = allreduce_rows(value_k, self.group, name=f"key {k!r}")
-                if self._updater is not None:
-                    self._updater(k, grad, slot.value)
-                else:
-                    grad.copyto(slot.value)
+                self._push_rows(k, slot, value_k)
                 continue
             target = slot.grad_buffer() if self._updater is not None else slot.value
             self._sum_and_update(k, slot, value_k, target)
 
+    def _push_rows(self, key: Key, slot: KeySlot, arrays) -> None:
+        if not slot.rows_on_servers and sparse.rows_live_on_servers(
+                slot, self.config.num_servers, self._cross):
+            # A dense weight's first row_sparse gradient: its rows move to the servers, as a
+            # row_sparse table (every group holds the same weight at this point).
+            if self._servers is not None:
+                self._servers.init_rows(key, slot.value)
+            slot.rows_on_servers = True
+        if slot.rows_on_servers:
+            sparse.push_to_servers(key, slot, arrays, self.group, self._servers)
+        else:
+            sparse.push_in_group(key, slot, arrays, self.group, self._updater)
+
+    @_unrecorded
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
-        """Copy the value of ``key`` into ``out``. With one group every rank holds the same
-        copy and the pull is local; with several, the servers hold the value (in async mode
-        newer than this group's copy), so the pull is a call every rank of the group makes."""
+        """Copy the value of ``key`` into ``out``. With one group and no servers every rank
+        holds the same copy and the pull is local; otherwise the servers may hold the value
+        (in async mode newer than this group's copy), so the pull is a call every rank of
+        the group makes."""
         self._open()
-        if self._cross:
+        if self._cross or self.config.num_servers:
             self._pull_from_servers(key, out)
             return
         if out is None:
@@ -295,14 +368,54 @@ class HybridMPIStore(mx.kv.KVStore):
 
         for k, out_k in self._check("pull", build, f" of key {key!r}"):
             slot = self._slots[k]
-            if self._servers is not None:
-                self._servers.pull(k, slot.value)
-            broadcast_array(slot.value, 0, self.group, name=f"key {k!r} from the servers")
-            copy_to_all(slot.value, out_k)
+            into = slot.value if slot.value is not None else out_k[0]
+            if slot.rows_on_servers:
+                sparse.pull_whole_table(k, slot, into, self.group, self._servers)
+            elif self._cross:
+                if self._servers is not None:
+                    self._servers.pull(k, slot.value)
+                broadcast_array(slot.value, 0, self.group, name=f"key {k!r} from the servers")
+            copy_to_all(into, out_k)
 
+    @_unrecorded
     def row_sparse_pull(self, key, out=None, priority: int = 0, row_ids=None) -> None:
-        raise KeyValueError(f"row_sparse_pull of key {key!r}: hybrid-mpi handles dense keys only "
-                            "so far; use dense parameters")
+        """Write the rows ``row_ids`` of ``key`` into the row_sparse arrays ``out`` (one
+        row_ids array per out, or one for all). With servers this is a call every rank of
+        the group makes: the master fetches the union of the group's rows once."""
+        self._open()
+
+        def build():
+            if out is None or row_ids is None:
+                raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
+                                    "arrays) and row_ids= (the rows to fetch)")
+            outs = pairs(key, out, "out", sparse_ok=True)
+            if isinstance(key, (list, tuple)):
+                if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
+                    raise KeyValueError(f"a list of {len(outs)} keys needs a list of "
+                                        f"{len(outs)} row_ids")
+                ids_per_key = list(row_ids)
+            else:
+                ids_per_key = [row_ids]
+            work = []
+            for (k, o), ids in zip(outs, ids_per_key):
+                slot = lookup(self._slots, k)
+                check_matches(k, slot, o, "out")
+                ids = [ids] * len(o) if isinstance(ids, mx.nd.NDArray) else list(ids)
+                work.append((k, slot, o, sparse.checked_row_ids(k, slot, o, ids)))
+            return work, f"row_sparse_pull {_keys_text(outs)}"
+
+        if not self.config.num_servers:  # every rank holds every row: nothing to agree on
+            try:
+                work = build()[0]
+            except KeyValueError as exc:
+                raise KeyValueError(f"row_sparse_pull failed: {exc}") from None
+        else:
+            work = self._check("row_sparse_pull", build, f" of key {key!r}")
+        for k, slot, outs, ids in work:
+            if slot.rows_on_servers:
+                sparse.pull_rows_from_servers(k, slot, outs, ids, self.group, self._servers)
+            else:
+                sparse.pull_rows_local(slot, outs, ids)
 
     def _sum_and_update(self, key: Key, slot: KeySlot, arrays: List[mx.nd.NDArray],
                         target: mx.nd.NDArray) -> mx.nd.NDArray:
@@ -335,7 +448,7 @@ class HybridMPIStore(mx.kv.KVStore):
 
         self._check("set_optimizer", build)
         self._set_updater(mx.optimizer.get_updater(optimizer))
-        if self._cross:  # the servers update the keys the groups share
+        if self.config.num_servers:  # the servers update the keys whose values they hold
             took = self._servers.set_optimizer(optimizer) if self._servers else True
             with self.group.watchdog.waiting("the master to hand the optimizer to the servers"):
                 took = self.group.comm.bcast(took, root=0)
@@ -359,9 +472,9 @@ class HybridMPIStore(mx.kv.KVStore):
         if self._updater is None:
             raise KVHybridError("the store holds no optimizer state: call set_optimizer first "
                                 "(gluon.Trainer does so when update_on_kvstore=True)")
-        if self._cross:
-            raise KVHybridError("with several client groups the optimizer state lives on the "
-                                "parameter servers, which cannot save it yet: checkpoint the "
+        if self._cross or any(s.rows_on_servers for s in self._slots.values()):
+            raise KVHybridError("the optimizer state of keys held by the parameter servers "
+                                "lives there, and they cannot save it yet: checkpoint the "
                                 "weights, or train with update_on_kvstore=False")
         data = self._updater.get_states(dump_optimizer)
         folder = os.path.dirname(os.path.abspath(fname))

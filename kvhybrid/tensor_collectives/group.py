@@ -31,8 +31,9 @@ class Group:
         self.config = config
         self.watchdog = Watchdog(MPI, self.comm, config.timeout, config.stall_warning, name)
         self._staging: Dict[Tuple[int, str], mx.nd.NDArray] = {}
-        #: bytes this rank has handed to collectives, by kind ("dense", "rows")
-        self.bytes_sent: Dict[str, int] = {"dense": 0, "rows": 0}
+        #: bytes this rank has sent, by kind: "dense" and "rows" handed to MPI collectives,
+        #: "servers" pushed to the parameter servers (a master's row_sparse pushes)
+        self.bytes_sent: Dict[str, int] = {"dense": 0, "rows": 0, "servers": 0}
 
     @classmethod
     def world(cls, config: StoreConfig) -> "Group":

@@ -1,10 +1,11 @@
-"""Row-sparse gradients over MPI: gather every rank's rows, sum rows with the same id.
+"""Row-sparse arrays over MPI: only the rows a rank touched travel, never the table.
 
-The Horovod-style path for ``row_sparse`` keys when there are no parameter
-servers: each rank sends only the rows it touched (ids and values, via
-``Allgatherv``), so the bytes moved scale with the rows touched, not with the
-table. Every rank sums the same gathered rows in the same order, so every
-rank gets bit-identical results.
+- ``allreduce_rows``: the Horovod-style path for ``row_sparse`` gradients when
+  the rows stay inside the group (``Allgatherv`` of ids and rows; every rank sums
+  the same gathered rows in the same order, so results are bit-identical).
+- ``gather_rows`` / ``scatter_rows``: Parallax's local aggregation around the
+  parameter servers. The master gathers the group's rows (and sums them) before
+  it pushes, and hands each rank the rows it asked for after it pulls.
 """
 from __future__ import annotations
 
@@ -39,6 +40,53 @@ def allgather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, name: str = 
         group.comm.Allgatherv(np.ascontiguousarray(rows).reshape(-1),
                               [all_rows.reshape(-1), counts * width])
     return all_ids, all_rows
+
+
+def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, root: int = 0,
+                name: str = "rows"):
+    """Every rank's (ids, rows), concatenated in rank order, on ``root`` (None elsewhere)."""
+    width = int(np.prod(rows.shape[1:], dtype=np.int64))
+    dog = group.watchdog
+    with dog.waiting(lambda: f"the row counts of {name} on group {group.name}"):
+        counts = group.comm.gather(len(ids), root=root)
+    group.bytes_sent["rows"] += ids.nbytes + rows.nbytes
+    if group.rank != root:
+        with dog.waiting(lambda: f"rank {root} to gather the rows of {name} on group "
+                                 f"{group.name}"):
+            group.comm.Gatherv(np.ascontiguousarray(ids), None, root=root)
+            group.comm.Gatherv(np.ascontiguousarray(rows).reshape(-1), None, root=root)
+        return None, None
+    counts = np.array(counts, dtype=np.int64)
+    all_ids = np.empty(int(counts.sum()), dtype=np.int64)
+    all_rows = np.empty((int(counts.sum()),) + rows.shape[1:], dtype=rows.dtype)
+    with dog.waiting(lambda: f"gatherv of {int(counts.sum())} rows of {name} on group "
+                             f"{group.name} of {group.size} ranks"):
+        group.comm.Gatherv(np.ascontiguousarray(ids), [all_ids, counts], root=root)
+        group.comm.Gatherv(np.ascontiguousarray(rows).reshape(-1),
+                           [all_rows.reshape(-1), counts * width], root=root)
+    return all_ids, all_rows
+
+
+def gather_ids(ids: np.ndarray, group: Group, root: int = 0, name: str = "rows"):
+    """Every rank's ids on ``root`` as a list (None elsewhere)."""
+    with group.watchdog.waiting(lambda: f"the row ids of {name} on group {group.name}"):
+        return group.comm.gather(np.ascontiguousarray(ids, dtype=np.int64), root=root)
+
+
+def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 0,
+                 name: str = "rows") -> np.ndarray:
+    """Rank r gets ``parts[r]`` (an array of ``count`` rows on rank r) from ``root``."""
+    width = int(np.prod(row_shape, dtype=np.int64))
+    out = np.empty((count,) + tuple(row_shape), dtype=dtype)
+    with group.watchdog.waiting(lambda: f"rank {root} to hand out the rows of {name} on group "
+                                        f"{group.name}"):
+        if group.rank == root:
+            counts = np.array([len(p) for p in parts], dtype=np.int64) * width
+            send = np.concatenate([p.reshape(-1) for p in parts]) if parts else None
+            group.comm.Scatterv([send, counts], out.reshape(-1), root=root)
+        else:
+            group.comm.Scatterv(None, out.reshape(-1), root=root)
+    return out
 
 
 def sum_rows(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

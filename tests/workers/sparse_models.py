@@ -1,25 +1,51 @@
-"""A model with a sparse-gradient embedding, and its data, for workers and the reference."""
+"""Models with a sparse embedding plus dense layers, and their data, for workers and the reference.
+
+kind "grad":   nn.Embedding(sparse_grad=True): a dense weight that gets row_sparse gradients.
+kind "weight": contrib.nn.SparseEmbedding: a row_sparse weight, pulled row by row.
+Both set a learning-rate and a weight-decay multiplier, which the servers must honour too.
+"""
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
-VOCAB, DIM, WORDS, CLASSES = 1000, 8, 6, 4
+VOCAB, DIM, WORDS, HIDDEN, CLASSES = 1000, 8, 6, 16, 4
+OPTIMIZER = {"learning_rate": 0.5, "momentum": 0.9, "wd": 1e-3}
 
 
-class BagOfWords(gluon.HybridBlock):
-    def __init__(self):
+class BagOfWords(gluon.Block):
+    def __init__(self, kind: str):
         super().__init__()
         with self.name_scope():
-            self.embed = nn.Embedding(VOCAB, DIM, sparse_grad=True)
-            self.out = nn.Dense(CLASSES, in_units=DIM)
+            if kind == "grad":
+                self.embed = nn.Embedding(VOCAB, DIM, sparse_grad=True)
+            elif kind == "weight":
+                self.embed = mx.gluon.contrib.nn.SparseEmbedding(VOCAB, DIM)
+            else:
+                raise ValueError(kind)
+            self.hidden = nn.Dense(HIDDEN, activation="relu", in_units=DIM)
+            self.out = nn.Dense(CLASSES, in_units=HIDDEN)
+        self.embed.weight.wd_mult = 0.5
+        self.out.bias.lr_mult = 2.0
 
-    def hybrid_forward(self, F, ids):
-        return self.out(self.embed(ids).mean(axis=1))
+    def forward(self, ids):
+        return self.out(self.hidden(self.embed(ids).mean(axis=1)))
 
 
-def make_sparse_net():
-    return BagOfWords()
+def make_sparse_net(kind: str = "grad"):
+    return BagOfWords(kind)
+
+
+def make_trainer(net, kind: str, kvstore, batch: int):
+    """A Trainer and the step() argument that makes it scale gradients by 1/batch.
+
+    With a sparse weight Gluon creates the store at the first forward pass, before step()
+    sets rescale_grad, and a dist store refuses a later change: pass it up front, step(1)."""
+    params = dict(OPTIMIZER)
+    if kind == "weight" and kvstore not in (None, "local"):
+        params["rescale_grad"] = 1.0 / batch
+        return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=kvstore), 1
+    return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=kvstore), batch
 
 
 def sparse_batch(step: int, n: int):
@@ -28,7 +54,7 @@ def sparse_batch(step: int, n: int):
     return ids.astype(np.float32), rng.randint(0, CLASSES, size=n).astype(np.float32)
 
 
-def sparse_train_steps(net, trainer, steps, per_device, ctxs, offset, total):
+def sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs, offset, total):
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(steps):
         x, y = sparse_batch(step, total)
@@ -39,4 +65,31 @@ def sparse_train_steps(net, trainer, steps, per_device, ctxs, offset, total):
                 losses.append(loss_fn(net(mx.nd.array(x[lo:lo + per_device], ctx=ctx)),
                                       mx.nd.array(y[lo:lo + per_device], ctx=ctx)))
         autograd.backward(losses)
-        trainer.step(per_device * len(ctxs))
+        trainer.step(step_arg)
+
+
+def local_weights(net) -> dict:
+    """This process's own values (before any Trainer): what rank 0 starts from."""
+    out = {}
+    for name, p in sorted(net._collect_params_with_prefix().items()):
+        arr = p._data[0]
+        out[name] = (arr.tostype("default") if arr.stype != "default" else arr).asnumpy()
+    return out
+
+
+def set_weights(net, values: dict) -> None:
+    for name, p in net._collect_params_with_prefix().items():
+        for arr in p._data:
+            arr[:] = mx.nd.array(values[name], ctx=arr.context)
+
+
+def trained_weights(net) -> dict:
+    """Every parameter's current value; sparse weights are pulled whole through the Trainer."""
+    out = {}
+    for name, p in sorted(net._collect_params_with_prefix().items()):
+        if p._stype == "row_sparse":
+            rows = mx.nd.arange(p.shape[0], ctx=p.list_ctx()[0])
+            out[name] = p.row_sparse_data(rows).tostype("default").asnumpy()
+        else:
+            out[name] = p.data(p.list_ctx()[0]).asnumpy()
+    return out

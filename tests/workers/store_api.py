@@ -87,9 +87,15 @@ except KVHybridError as exc:
     check("gradient_compression_refused", "does not compress" in str(exc), exc)
 try:
     kv.row_sparse_pull("a", out=mx.nd.zeros((2, 3)), row_ids=mx.nd.array([0]))
-    check("row_sparse_refused", False, "no error")
+    check("row_sparse_pull_needs_row_sparse_out", False, "no error")
 except kvhybrid.KeyValueError as exc:
-    check("row_sparse_refused", "dense keys only" in str(exc), exc)
+    check("row_sparse_pull_needs_row_sparse_out", "pass row_sparse arrays" in str(exc), exc)
+whole = mx.nd.zeros((2, 3))
+kv.pull("a", out=whole)
+rows = mx.nd.sparse.zeros("row_sparse", (2, 3))
+kv.row_sparse_pull("a", out=rows, row_ids=mx.nd.array([1, 1]))   # any key's rows, ids repeated
+check("row_sparse_pull_of_a_dense_key", rows.indices.asnumpy().tolist() == [1]
+      and np.array_equal(rows.data.asnumpy(), whole.asnumpy()[1:]), rows)
 
 # Gluon: the store type as a string works for one device; trainer states save and load
 net = gluon.nn.Dense(3, in_units=4)

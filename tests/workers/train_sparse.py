@@ -1,35 +1,35 @@
-"""Train a model with a sparse-gradient embedding through hybrid-mpi (pure MPI); dump weights.
+"""Train a model with a sparse embedding through hybrid-mpi; dump the weights.
 
-argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH
-The embedding (nn.Embedding(sparse_grad=True)) pushes row_sparse gradients; the
-dense layers go through the dense path.
+argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH [KIND]
+KIND "grad" (nn.Embedding(sparse_grad=True), the default) or "weight"
+(contrib.nn.SparseEmbedding); the dense layers go through the dense path.
 """
 import os
 import sys
 
 import numpy as np
 import mxnet as mx
-from mxnet import gluon
 
 sys.path.insert(0, os.path.dirname(__file__))
-import kvhybrid  # noqa: E402,F401
-from sparse_models import make_sparse_net, sparse_train_steps  # noqa: E402
-from models import weights  # noqa: E402
+import kvhybrid  # noqa: E402
+from sparse_models import (local_weights, make_sparse_net, make_trainer,  # noqa: E402
+                           sparse_train_steps, trained_weights)
 
 out_dir, ndev, steps, per_device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+kind = sys.argv[5] if len(sys.argv) > 5 else "grad"
 ctxs = [mx.cpu(i) for i in range(ndev)]
-kv = mx.kv.create("hybrid-mpi")
+kv = mx.kv.create(os.environ.get("KVHYBRID_TEST_STORE", "hybrid-mpi"))
 rank, size = kv.rank, kv.num_workers
 mx.random.seed(300 + rank)
-net = make_sparse_net()
+net = make_sparse_net(kind)
 net.initialize(mx.init.Xavier(), ctx=ctxs)
-kvhybrid.broadcast_parameters(net.collect_params(), kv)
+kvhybrid.broadcast_parameters(net.collect_params(), kv)   # dense ones; the store inits the table
 if rank == 0:
-    net.save_parameters(os.path.join(out_dir, "init.params"))
-trainer = gluon.Trainer(net.collect_params(), "sgd",
-                        {"learning_rate": 0.5, "momentum": 0.9, "wd": 1e-3}, kvstore=kv)
-sparse_train_steps(net, trainer, steps, per_device, ctxs, offset=rank * ndev * per_device,
-                   total=size * ndev * per_device)
-assert trainer._update_on_kvstore, "Gluon updates on the store for distributed sparse gradients"
-np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **weights(net))
+    np.savez(os.path.join(out_dir, f"{kind}-init.npz"), **local_weights(net))
+trainer, step_arg = make_trainer(net, kind, kv, ndev * per_device)
+sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs,
+                   offset=rank * ndev * per_device, total=size * ndev * per_device)
+assert trainer._update_on_kvstore, "Gluon updates on the store for distributed sparse models"
+np.savez(os.path.join(out_dir, f"{kind}-rank{rank}.npz"), **trained_weights(net))
+print(f"rank {rank}: bytes sent {kv.group.bytes_sent}", flush=True)
 kv.close()

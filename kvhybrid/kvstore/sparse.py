@@ -1,0 +1,144 @@
+"""row_sparse keys: where their rows live and how they travel (Parallax §3.1).
+
+Two kinds of key carry rows:
+
+- a **sparse weight** (``contrib.nn.SparseEmbedding``): Gluon calls ``init`` with the
+  table, ``row_sparse_pull`` with the batch's ids before each forward pass, and
+  ``push`` with row_sparse gradients;
+- a **dense weight with a sparse gradient** (``nn.Embedding(sparse_grad=True)``):
+  Gluon calls ``broadcast``, then ``push`` of row_sparse gradients and ``pull`` of
+  the whole weight (every worker holds all of it).
+
+Where the rows live:
+
+- **in the group** (no servers; or one client group and a dense weight, which every
+  worker holds anyway): rows are summed with ``Allgatherv`` and every rank applies
+  the same lazy update to its own copy, so nothing touches a server;
+- **on the servers** (sparse weights whenever there are servers; dense weights with
+  several client groups): the master gathers its group's rows, sums them, and
+  pushes them once (local aggregation); pulls go through the master, which asks
+  the servers for the union of its group's rows and hands each rank its own.
+  Only the rows touched travel, so traffic scales with α, not with the table.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+import mxnet as mx
+from mxnet.ndarray import NDArray
+
+from ..errors import KeyValueError
+from ..tensor_collectives import Group, broadcast_array
+from ..tensor_collectives.rows import (allreduce_rows, gather_ids, gather_rows, local_rows,
+                                       scatter_rows, sum_rows)
+from .keys import Key, KeySlot
+from .servers import ServerLink
+
+
+def rows_live_on_servers(slot: KeySlot, num_servers: int, cross: bool) -> bool:
+    """The routing rule above, for a key that carries rows."""
+    if num_servers == 0:
+        return False
+    return slot.sparse_weight or cross
+
+
+def row_sparse(rows, ids: np.ndarray, shape, ctx, dtype) -> NDArray:
+    return mx.nd.sparse.row_sparse_array((rows, ids), shape=shape, ctx=ctx, dtype=dtype)
+
+
+def _write(src: NDArray, out: NDArray) -> None:
+    """Gluon pulls rows inside ``autograd.record()``; the store's writes are not part of
+    the model's graph (MXNet's own stores write from C++, unseen by autograd)."""
+    with mx.autograd.pause():
+        src.copyto(out)
+
+
+# -- push --------------------------------------------------------------------------------
+def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], group: Group,
+                  updater) -> None:
+    """Sum the rows over devices and the group; update (or overwrite) the local copy."""
+    grad = allreduce_rows(arrays, group, name=f"key {key!r}")
+    if updater is not None:
+        updater(key, grad, slot.value)
+    else:
+        grad.copyto(slot.value)
+
+
+def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], group: Group,
+                    servers: Optional[ServerLink]) -> None:
+    """Local aggregation: the master gathers the group's rows, sums them and pushes the
+    sum (an empty one too: in sync mode the servers wait for every group's push)."""
+    ids, rows = local_rows(arrays)
+    ids, rows = gather_rows(ids, rows, group, name=f"key {key!r}")
+    if servers is None:
+        return
+    ids, rows = sum_rows(ids, rows)
+    group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
+    first = arrays[0]
+    servers.push_rows(key, row_sparse(rows, ids, slot.shape, mx.cpu(), first.dtype))
+
+
+# -- pull --------------------------------------------------------------------------------
+def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
+                     servers: Optional[ServerLink]) -> None:
+    """The servers' whole table into ``into`` on every rank (``pull`` of a dense weight
+    whose rows live on the servers: Gluon pulls all of it, as with MXNet's own stores)."""
+    if servers is not None:
+        table = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
+                                  slot.dtype)
+        table.copyto(into)
+    broadcast_array(into, 0, group, name=f"key {key!r} from the servers")
+
+
+def _unique_ids(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:
+    ids = np.unique(row_ids.asnumpy().astype(np.int64).reshape(-1))
+    if len(ids) and (ids[0] < 0 or ids[-1] >= rows):
+        raise KeyValueError(f"row_ids of key {key!r} hold {ids[0] if ids[0] < 0 else ids[-1]}, "
+                            f"outside the table's {rows} rows: pass ids in [0, {rows})")
+    return ids
+
+
+def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray],
+                    row_ids: List[NDArray]) -> List[np.ndarray]:
+    """Each out's sorted unique ids; raises KeyValueError on bad arguments."""
+    if len(row_ids) != len(outs):
+        raise KeyValueError(f"row_sparse_pull of key {key!r} got {len(outs)} out array(s) and "
+                            f"{len(row_ids)} row_ids: pass one row_ids array per out array")
+    for o in outs:
+        if o.stype != "row_sparse":
+            raise KeyValueError(f"out of row_sparse_pull of key {key!r} is {o.stype}: pass "
+                                "row_sparse arrays (or use pull for dense ones)")
+    for r in row_ids:
+        if not isinstance(r, NDArray):
+            raise KeyValueError(f"row_ids of key {key!r} must be NDArrays, got "
+                                f"{type(r).__name__}")
+    return [_unique_ids(r, slot.shape[0], key) for r in row_ids]
+
+
+def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -> None:
+    """Rows of the local copy (every rank holds the same one)."""
+    for o, i in zip(outs, ids):
+        if len(i):
+            rows = mx.nd.take(slot.value, mx.nd.array(i, ctx=slot.value.context, dtype="int64"))
+        else:  # MXNet's operators reject empty arrays
+            rows = np.zeros((0,) + slot.shape[1:], slot.dtype)
+        _write(row_sparse(rows, i, slot.shape, o.context, slot.dtype), o)
+
+
+def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
+                           group: Group, servers: Optional[ServerLink]) -> None:
+    """The master pulls the union of the group's ids once and hands each rank its rows."""
+    mine = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+    wanted = gather_ids(mine, group, name=f"key {key!r}")
+    parts = None
+    if group.rank == 0:
+        union = np.unique(np.concatenate(wanted))
+        table = (servers.pull_rows(key, union, slot.shape, slot.dtype).asnumpy() if len(union)
+                 else np.zeros((0,) + slot.shape[1:], slot.dtype))
+        parts = [table[np.searchsorted(union, w)] for w in wanted]
+    rows = scatter_rows(parts, slot.shape[1:], slot.dtype, len(mine), group,
+                        name=f"key {key!r}")
+    for o, i in zip(outs, ids):
+        part = rows[np.searchsorted(mine, i)]
+        _write(row_sparse(part, i, slot.shape, o.context, slot.dtype), o)
