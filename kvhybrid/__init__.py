@@ -4,10 +4,10 @@
 """
 from .config import StoreConfig
 from .errors import ConfigError, KeyValueError, KVHybridError, NotInMPIJobError
-from .kvstore import HybridMPIStore, broadcast_parameters, register as _register
+from .kvstore import DistributedTrainer, HybridMPIStore, broadcast_parameters, register as _register
 
 __version__ = "0.1.0"
-__all__ = ["HybridMPIStore", "broadcast_parameters", "StoreConfig", "KVHybridError",
+__all__ = ["HybridMPIStore", "DistributedTrainer", "broadcast_parameters", "StoreConfig", "KVHybridError",
            "KeyValueError", "NotInMPIJobError", "ConfigError", "__version__"]
 
 _register()

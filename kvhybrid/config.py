@@ -67,6 +67,10 @@ class StoreConfig:
     #: KVHYBRID_CONNECT_TIMEOUT: seconds a group master may take to join the
     #: scheduler and the servers before the job is aborted naming host:port.
     connect_timeout: float = 20.0
+    #: KVHYBRID_FUSION_THRESHOLD: bytes of small dense keys that one call with a
+    #: list of keys (kvhybrid.DistributedTrainer makes one per step) sums in a
+    #: single allreduce; 0 turns fusion off.
+    fusion_threshold: int = 64 * 2**20
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
@@ -79,6 +83,7 @@ class StoreConfig:
         "abort_on_error": ("KVHYBRID_ABORT_ON_ERROR", _parse_bool),
         "allow_singleton": ("KVHYBRID_ALLOW_SINGLETON", _parse_bool),
         "connect_timeout": ("KVHYBRID_CONNECT_TIMEOUT", _parse_seconds),
+        "fusion_threshold": ("KVHYBRID_FUSION_THRESHOLD", _parse_count),
         "num_servers": ("DMLC_NUM_SERVER", _parse_count),
         "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }

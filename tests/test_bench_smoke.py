@@ -35,3 +35,15 @@ def test_sparse_pull_benchmark_measures_both_designs(tmp_path):
     assert set(results) == {"master", "every"}
     assert all(r["pull_ms"] > 0 and r["rows_per_worker"] > 0 for r in results.values())
     assert (tmp_path / "sparse_pull.png").stat().st_size > 10_000
+
+
+def test_fusion_benchmark_measures_every_case(tmp_path):
+    cmd = [sys.executable, "-m", "kvhybrid.bench.fusion", "--keys", "8", "--key-kb", "4",
+           "--ranks", "2", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = json.loads((tmp_path / "fusion.json").read_text())["results"]["2"]
+    assert set(results) == {"store_per_key", "store_fused", "mpi_per_key", "mpi_one_buffer",
+                            "horovod"}
+    assert "fused speed-up over key by key" in (tmp_path / "fusion.md").read_text()
+    assert (tmp_path / "fusion.png").stat().st_size > 10_000

@@ -2,7 +2,8 @@
 
 dtypes float16/32/64, int32/64, uint8; sizes 0, 1, odd, not divisible by the
 number of ranks; 1 and 2 devices per rank; the zero-copy host path and the
-staging path that arrays on an accelerator take.
+staging path that arrays on an accelerator take; and the store's fused pushpull of many keys
+in one call (several buckets, mixed dtypes, in place and into out).
 """
 import json
 
@@ -23,6 +24,13 @@ def test_every_case_matches_numpy(results):
     assert len(results) > 250, f"only {len(results)} cases ran"
     bad = {name: r["err"] for name, r in results.items() if not r["ok"]}
     assert not bad, f"{len(bad)} cases differ from numpy: {dict(list(bad.items())[:10])}"
+
+
+def test_fused_pushpull_matches_numpy_in_several_buckets(results):
+    fused = {name: r for name, r in results.items() if name.startswith("fused-")}
+    assert len(fused) > 100, f"only {len(fused)} fused cases ran"
+    assert all(r["ok"] for r in fused.values()), \
+        {n: r["err"] for n, r in fused.items() if not r["ok"]}
 
 
 @pytest.mark.parametrize("path", ["direct", "staged"])

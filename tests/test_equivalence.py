@@ -18,20 +18,25 @@ from models import batch, make_net, make_optimizer, weights
 from mpirun import run_job, run_launcher
 
 STEPS, PER_DEVICE = 4, 3
-# (workers, devices per worker, client groups, servers)
-SHAPES = [(2, 1, 1, 0), (2, 2, 1, 0), (4, 1, 1, 0), (4, 2, 1, 0), (4, 1, 2, 2), (4, 2, 4, 2),
-          (4, 1, 1, 1)]
+# (workers, devices per worker, client groups, servers, trainer); "fused" is
+# kvhybrid.DistributedTrainer, which sends a step's keys in one fused store call
+SHAPES = [(2, 1, 1, 0, "gluon"), (2, 2, 1, 0, "gluon"), (4, 1, 1, 0, "gluon"),
+          (4, 2, 1, 0, "gluon"), (4, 1, 2, 2, "gluon"), (4, 2, 4, 2, "gluon"),
+          (4, 1, 1, 1, "gluon"), (3, 2, 1, 0, "fused")]
 
 
 @pytest.fixture(scope="module", params=SHAPES,
-                ids=lambda s: f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers")
+                ids=lambda s: f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers-{s[4]}")
 def job(request, tmp_path_factory):
-    ranks, ndev, clients, servers = request.param
-    out = tmp_path_factory.mktemp(f"eq-{ranks}-{ndev}-{clients}-{servers}")
+    ranks, ndev, clients, servers, trainer = request.param
+    out = tmp_path_factory.mktemp(f"eq-{ranks}-{ndev}-{clients}-{servers}-{trainer}")
     args = [out, ndev, STEPS, PER_DEVICE]
     if servers == 0:
-        result = run_job(ranks, "train_equivalence.py", args, timeout=300)
+        result = run_job(ranks, "train_equivalence.py", args, timeout=300,
+                         env={"KVHYBRID_TEST_FUSED": "1"} if trainer == "fused" else None)
         assert result.returncode == 0, result.output[-4000:]
+        if trainer == "fused":   # one fused allreduce per step (and per training) on every rank
+            assert result.output.count(f"fused allreduces {STEPS}") == 4 * ranks, result.output
     else:  # one store per process with servers: one job per training
         for combo in ("mlp:0", "cnn:0", "mlp:1", "cnn:1"):
             result = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],

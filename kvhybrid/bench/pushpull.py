@@ -33,24 +33,14 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from .common import timed
+
 log = logging.getLogger("kvhybrid.bench")
 
 MB = 2 ** 20
 
 
 # -- the measuring side (runs inside the jobs) --------------------------------------------
-def _timed(fn, repeats: int, warmup: int, barrier) -> List[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def _mpi_cases(kv, comm, MPI, key: int, n: int) -> Dict:
     """The calls compared at one key size, on buffers of ``n`` float32."""
     import numpy as np
@@ -85,10 +75,10 @@ def worker_mpi(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
         cases = _mpi_cases(kv, comm, MPI, key, int(size_mb * MB) // 4)
         times = {name: [] for name in cases}
         for fn in cases.values():
-            _timed(fn, 0, warmup, comm.Barrier)
+            timed(fn, 0, warmup, comm.Barrier)
         for _ in range(repeats):  # alternate call by call so that noise hits all alike
             for name, fn in cases.items():
-                times[name] += _timed(fn, 1, 0, comm.Barrier)
+                times[name] += timed(fn, 1, 0, comm.Barrier)
         results[str(size_mb)] = times
     kv.close()
     return results if comm.rank == 0 else {}
@@ -109,7 +99,7 @@ def worker_horovod(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
             grad.wait_to_read()
 
         barrier = lambda: hvd.allreduce(mx.nd.ones((1,)), name="barrier").wait_to_read()  # noqa: E731
-        results[str(size_mb)] = {"horovod_allreduce": _timed(allreduce, repeats, warmup, barrier)}
+        results[str(size_mb)] = {"horovod_allreduce": timed(allreduce, repeats, warmup, barrier)}
     return results if hvd.rank() == 0 else {}
 
 
@@ -129,7 +119,7 @@ def worker_dist_sync(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
     for key, size_mb in enumerate(sizes_mb):
         n = int(size_mb * MB) // 4
         kv.init(key, mx.nd.zeros((n,)))
-        results[str(size_mb)] = {"dist_sync_push_pull": _timed(
+        results[str(size_mb)] = {"dist_sync_push_pull": timed(
             _push_pull(kv, key, mx.nd.ones((n,))), repeats, warmup, kv._barrier)}
     rank = kv.rank
     del kv  # release the ps-lite handle now: kept into teardown it aborts the process
@@ -144,8 +134,8 @@ def worker_memory(sizes_mb: List[float], repeats: int, warmup: int) -> Dict:
         n = int(size_mb * MB) // 4
         a, b = np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32)
         results[str(size_mb)] = {
-            "memory_copy": _timed(lambda: np.copyto(b, a), repeats, warmup, lambda: None),
-            "memory_add": _timed(lambda: np.add(a, b, out=b), repeats, warmup, lambda: None),
+            "memory_copy": timed(lambda: np.copyto(b, a), repeats, warmup, lambda: None),
+            "memory_add": timed(lambda: np.add(a, b, out=b), repeats, warmup, lambda: None),
         }
     return results
 

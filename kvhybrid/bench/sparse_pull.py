@@ -24,12 +24,13 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Dict
+
+from .common import grouped_bars, run_job as run, save_figure
 
 log = logging.getLogger("kvhybrid.bench")
 
@@ -84,15 +85,7 @@ def run_design(design: str, n: int, args) -> Dict:
                "--dim", str(args.dim), "--ids", str(args.ids), "--repeats", str(args.repeats),
                "--warmup", str(args.warmup)]
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                                  timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            raise SystemExit(f"sparse_pull: the {design} job with {n} workers did not finish "
-                             f"in {args.timeout} s; raise --timeout") from None
-        if proc.returncode != 0:
-            raise SystemExit(f"sparse_pull: the {design} job with {n} workers failed:\n"
-                             f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        run(cmd, env, args.timeout, f"the {design} job with {n} workers", "sparse_pull")
         ranks = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(n)]
     # a step waits for the slowest worker: per step, the slowest rank's time
     pull = [max(r["pull"][i] for r in ranks) for i in range(args.repeats)]
@@ -133,17 +126,12 @@ def plot(results: Dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     workers = list(results)
     for ax, metric, title in zip(axes, ("pull_ms", "step_ms"), ("row_sparse_pull", "push + pull")):
-        width = 0.38
-        for i, design in enumerate(DESIGNS):
-            ax.bar([x + (i - 0.5) * width for x in range(len(workers))],
-                   [results[n][design][metric] for n in workers], width, label=DESIGNS[design])
-        ax.set_xticks(range(len(workers)), [f"{n} workers" for n in workers])
+        grouped_bars(ax, [f"{n} workers" for n in workers],
+                     {DESIGNS[d]: [results[n][d][metric] for n in workers] for d in DESIGNS})
         ax.set_ylabel("ms (median, slowest worker)")
         ax.set_title(title)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:

@@ -2,5 +2,7 @@
 from .store import NAME, TYPE, HybridMPIAsyncStore, HybridMPIStore
 from .registry import register
 from .parameters import broadcast_parameters
+from .trainer import DistributedTrainer
 
-__all__ = ["HybridMPIStore", "HybridMPIAsyncStore", "NAME", "TYPE", "register", "broadcast_parameters"]
+__all__ = ["HybridMPIStore", "DistributedTrainer", "HybridMPIAsyncStore", "NAME", "TYPE", "register",
+           "broadcast_parameters"]

@@ -6,7 +6,8 @@ The checks here are local (this rank's arguments only). They raise
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -17,6 +18,13 @@ from ..errors import KeyValueError
 
 Key = Union[int, str]
 Arrays = List[NDArray]
+
+
+def zeros(shape, ctx, dtype) -> NDArray:
+    """``mx.nd.zeros``, which rejects empty shapes; an empty array needs no zeros."""
+    if 0 in tuple(shape):
+        return mx.nd.empty(shape, ctx=ctx, dtype=dtype)
+    return mx.nd.zeros(shape, ctx=ctx, dtype=dtype)
 
 
 @dataclass
@@ -31,9 +39,16 @@ class KeySlot:
     sparse_weight: bool = False         # initialised with a row_sparse table (SparseEmbedding)
     rows_on_servers: bool = False       # its rows live on the parameter servers (see sparse.py)
 
+    count: int = field(init=False)      # elements in the key
+    spec: str = field(init=False)       # "shape (2, 3) float32", for signatures and errors
+
+    def __post_init__(self):
+        self.count = math.prod(self.shape)
+        self.spec = f"shape {self.shape} {self.dtype.name}"
+
     def grad_buffer(self) -> NDArray:
         if self.grad is None:
-            self.grad = mx.nd.zeros(self.shape, ctx=self.value.context, dtype=self.dtype)
+            self.grad = zeros(self.shape, self.value.context, self.dtype)
         return self.grad
 
 

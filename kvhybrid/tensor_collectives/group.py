@@ -34,6 +34,8 @@ class Group:
         #: bytes this rank has sent, by kind: "dense" and "rows" handed to MPI collectives,
         #: "servers" pushed to the parameter servers (a master's row_sparse pushes)
         self.bytes_sent: Dict[str, int] = {"dense": 0, "rows": 0, "servers": 0}
+        #: fused allreduces run (one per bucket of small keys)
+        self.fused_calls = 0
 
     @classmethod
     def world(cls, config: StoreConfig) -> "Group":

@@ -49,3 +49,26 @@ def host_view(arr: NDArray, dtype=None, count: Optional[int] = None) -> np.ndarr
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr.value)
     raw.owner = arr  # the view (whose base is raw) keeps the NDArray, and so its memory, alive
     return np.frombuffer(raw, dtype=dtype)
+
+
+class ViewCache:
+    """Host views of the arrays a training loop hands over every step (Gluon's gradients
+    and weights are the same NDArrays each step), made once. Keyed by the NDArray's
+    handle; the entry keeps the NDArray alive, so a handle cannot be reused meanwhile.
+    An NDArray's memory never moves (in-place operators keep it), its shape and dtype
+    never change."""
+
+    def __init__(self, limit: int = 8192):
+        self._views: dict = {}
+        self._limit = limit
+
+    def get(self, arr: NDArray, dtype, count: int) -> np.ndarray:
+        entry = self._views.get(arr.handle.value)
+        if entry is None or entry[1].dtype != dtype or entry[1].size != count:
+            if len(self._views) >= self._limit:  # a loop that makes new arrays every step
+                self._views.clear()
+            entry = self._views[arr.handle.value] = (arr, host_view(arr, dtype, count))
+        return entry[1]
+
+    def clear(self) -> None:
+        self._views.clear()

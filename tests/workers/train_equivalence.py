@@ -3,6 +3,7 @@
 argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH [COMBOS]
 COMBOS: which trainings, e.g. "mlp:1,cnn:0" (model:update_on_kvstore); default all four.
 With parameter servers a process holds one store, so such jobs run one combo each.
+KVHYBRID_TEST_FUSED=1 trains with kvhybrid.DistributedTrainer (fused store calls).
 Every rank writes OUT_DIR/<model>-uok<0|1>-rank<r>.npz; rank 0 also writes the
 initial weights it started from (<model>-init.params) for the reference run.
 """
@@ -33,11 +34,13 @@ for combo in combos.split(","):
     if rank == 0:
         net.save_parameters(os.path.join(out_dir, f"{model}-uok{int(uok)}-init.params"))
     name, params = make_optimizer()
-    trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kv,
-                            update_on_kvstore=uok)
+    make_trainer = kvhybrid.DistributedTrainer if os.environ.get("KVHYBRID_TEST_FUSED") \
+        else gluon.Trainer   # the fused path: one store call per step
+    trainer = make_trainer(net.collect_params(), name, params, kvstore=kv, update_on_kvstore=uok)
     loss = train_steps(net, trainer, model, steps, per_device, ctxs,
                        offset=rank * ndev * per_device, total=size * ndev * per_device)
     assert trainer._update_on_kvstore == uok, trainer._update_on_kvstore
     np.savez(os.path.join(out_dir, f"{model}-uok{int(uok)}-rank{rank}.npz"), **weights(net))
-    print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f}", flush=True)
+    print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f} "
+          f"fused allreduces {kv.group.fused_calls}", flush=True)
     kv.close()

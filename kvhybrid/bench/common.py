@@ -1,0 +1,54 @@
+"""What the benchmarks share: timing a call on every rank, running a job, bar charts."""
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Sequence
+
+
+def timed(fn: Callable[[], None], repeats: int, warmup: int, barrier) -> List[float]:
+    """Seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones; every rank
+    starts each call together (``barrier``)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, what: str,
+            bench: str) -> None:
+    """Run a benchmark job; exit with its output's tail (naming ``what``) if it fails."""
+    try:
+        proc = subprocess.run(list(cmd), env=dict(env), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{bench}: {what} did not finish in {timeout:.0f} s; raise "
+                         "--timeout") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"{bench}: {what} failed (exit {proc.returncode}):\n"
+                         f"{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def grouped_bars(ax, groups: Sequence[str], series: Mapping[str, Sequence[float]]) -> None:
+    """One bar per series in each group, side by side, labelled for a legend."""
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar([x + (i - len(series) / 2 + 0.5) * width for x in range(len(groups))],
+               list(values), width, label=label)
+    ax.set_xticks(range(len(groups)), list(groups))
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+Series = Dict[str, List[float]]
