@@ -8,6 +8,7 @@ groups and parameter servers run through kvhybrid-launch with real ps-lite
 servers (the servers then apply the optimizer).
 """
 import os
+import re
 
 import numpy as np
 import mxnet as mx
@@ -37,6 +38,10 @@ def job(request, tmp_path_factory):
         assert result.returncode == 0, result.output[-4000:]
         if trainer == "fused":   # one fused allreduce per step (and per training) on every rank
             assert result.output.count(f"fused allreduces {STEPS}") == 4 * ranks, result.output
+            # without an optimizer on the store, gradients are summed where backward wrote them
+            assert result.output.count("update_on_kvstore=False loss") == 2 * ranks
+            assert len(re.findall(f"update_on_kvstore=False loss \\S+ fused allreduces {STEPS} "
+                                  f"in place {STEPS}", result.output)) == 2 * ranks, result.output
     else:  # one store per process with servers: one job per training
         for combo in ("mlp:0", "cnn:0", "mlp:1", "cnn:1"):
             result = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],

@@ -129,6 +129,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._fusion = FusionBuffer()
         self._views = ViewCache()
         self._memo: Dict[tuple, tuple] = {}   # checked pushpull calls (see _checked_pairs)
+        self._plans: Dict[int, tuple] = {}    # their fusion buckets (see _pushpull_fused)
         self._closed = False
         # With parameter servers, the group's master is a ps-lite worker; with several client
         # groups, dense keys are summed across groups through the servers.
@@ -298,7 +299,9 @@ class HybridMPIStore(mx.kv.KVStore):
                 slot = lookup(self._slots, k)
                 check_matches(k, slot, v, "value")
                 stype = v[0].stype
-                signature.append(f"key {k!r} {slot.spec} {stype}")
+                # host or accelerator decides fusion: part of what ranks must agree on
+                where = "host" if fusable(v) and (o is None or fusable(o)) else "device"
+                signature.append(f"key {k!r} {slot.spec} {stype} {where}")
                 self._check_route(k, slot, stype)
                 if o is not None:
                     check_out(k, v, o)
@@ -362,26 +365,38 @@ class HybridMPIStore(mx.kv.KVStore):
     def _pushpull_fused(self, work):
         """Sum the host keys of one call in fused buckets; return the keys left to do one
         by one (arrays on an accelerator). Every rank forms the same buckets: the keys,
-        shapes and dtypes were agreed on."""
-        fused = [w for w in work if self._slots[w[0]].count and fusable(w[1])
-                 and (w[2] is None or fusable(w[2]))]
+        shapes, dtypes and devices were agreed on. A repeated call (the same ``work``,
+        from the call memo) reuses its plan."""
+        plan = self._plans.get(id(work))
+        if plan is None or plan[0] is not work:
+            fused = [w for w in work if self._slots[w[0]].count and fusable(w[1])
+                     and (w[2] is None or fusable(w[2]))]
+            slots = [self._slots[k] for k, _, _ in fused]
+            plan = (work, fused, slots, buckets([s.count * s.dtype.itemsize for s in slots],
+                                                [s.dtype for s in slots],
+                                                self.config.fusion_threshold))
+            if len(self._plans) >= MEMO_LIMIT:
+                self._plans.clear()
+            self._plans[id(work)] = plan
+        _, fused, slots, bucket_list = plan
         if len(fused) < 2:
             return work
-        slots = [self._slots[k] for k, _, _ in fused]
-        for bucket in buckets([s.count * s.dtype.itemsize for s in slots],
-                              [s.dtype for s in slots], self.config.fusion_threshold):
+        for bucket in bucket_list:
+            in_place = all(fused[i][2] is None for i in bucket)
             sums = allreduce_fused([fused[i][1] for i in bucket], [slots[i].count for i in bucket],
-                                   slots[bucket[0]].dtype, self.group, self._fusion, self._views,
+                                   [slots[i].shape for i in bucket], slots[bucket[0]].dtype,
+                                   self.group, self._fusion, self._views, in_place,
                                    name=f"(keys {fused[bucket[0]][0]!r}..{fused[bucket[-1]][0]!r})")
-            for i, (view, buf, start, stop) in zip(bucket, sums):
+            for i, total in zip(bucket, sums):
                 k, value_k, out_k = fused[i]
                 slot = slots[i]
                 dst = out_k if out_k is not None else value_k
                 if self._updater is None:  # the engine is idle: write through views
-                    for arr in dst:
-                        np.copyto(self._views.get(arr, slot.dtype, slot.count), view)
+                    for d, arr in enumerate(dst):
+                        if not (d == 0 and total.in_place):
+                            np.copyto(self._views.get(arr, slot.dtype, slot.count), total.view)
                 else:
-                    self._updater(k, buf[start:stop].reshape(slot.shape), slot.value)
+                    self._updater(k, total.array, slot.value)
                     copy_to_all(slot.value, dst)
         done = {id(w) for w in fused}
         return [w for w in work if id(w) not in done]
@@ -602,6 +617,7 @@ class HybridMPIStore(mx.kv.KVStore):
             self._slots.clear()
             self._views.clear()
             self._memo.clear()
+            self._plans.clear()
 
     def __repr__(self) -> str:
         return f"<HybridMPIStore rank {self.rank} of {self.num_workers}, {len(self._slots)} keys>"

@@ -6,14 +6,25 @@ with a list of keys, which the store sums in fused buckets
 (``KVHYBRID_FUSION_THRESHOLD`` bytes each, Horovod's tensor fusion). Results
 are the same as with ``gluon.Trainer``; sparse gradients go as before.
 
+Two more things make the fused step cheap, as PyTorch DDP does:
+
+- the dense gradients of each device live in one buffer per dtype (Gluon's
+  gradient arrays become views into it), so a bucket is summed where backward
+  wrote it, with no copy in or out;
+- with one client group and no sparse parameters it updates locally
+  (``update_on_kvstore=False``, as Horovod's ``DistributedTrainer``): the store
+  sums in place and every rank applies the same update. Pass
+  ``update_on_kvstore=True`` to update on the store instead.
+
     trainer = kvhybrid.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
 """
 from __future__ import annotations
 
 from typing import Optional, Union
 
+import numpy as np
 import mxnet as mx
-from mxnet import gluon
+from mxnet import autograd, gluon
 
 from ..errors import KeyValueError
 from .store import HybridMPIStore, TYPE
@@ -29,11 +40,48 @@ class DistributedTrainer(gluon.Trainer):
         if not isinstance(kvstore, HybridMPIStore):
             raise KeyValueError(f"kvstore must be a hybrid-mpi store, got {type(kvstore).__name__}:"
                                 " pass mx.kv.create('hybrid-mpi') (after import kvhybrid)")
+        plist = list(params.values()) if hasattr(params, "values") else list(params)
+        sparse = any(p._stype != "default" or p._grad_stype != "default" for p in plist)
+        if kwargs.get("update_on_kvstore") is None and not sparse and \
+                kvstore.num_workers == kvstore.group.size:
+            kwargs["update_on_kvstore"] = False
         super().__init__(params, optimizer, optimizer_params, kvstore=kvstore, **kwargs)
+        self._bucketed = False
+
+    def _grads_into_buckets(self) -> None:
+        """Make each device's dense gradients views into one buffer per dtype, in the
+        order the store sees the keys, so fused buckets lie contiguous in memory."""
+        dense = [p for p in self._params if p.grad_req != "null" and p._stype == "default"
+                 and p._grad_stype == "default" and p._grad is not None and p._grad[0].size]
+        if not dense:
+            return
+        for d in range(len(dense[0].list_ctx())):
+            by_dtype = {}
+            for p in dense:
+                by_dtype.setdefault(np.dtype(p.dtype), []).append(p)
+            for dtype, group in by_dtype.items():
+                grads = [p._grad[d] for p in group]
+                total = sum(g.size for g in grads)
+                buf = mx.nd.zeros((total,), ctx=grads[0].context, dtype=dtype)
+                start = 0
+                for p, g in zip(group, grads):
+                    view = buf[start:start + g.size].reshape(g.shape)
+                    g.copyto(view)
+                    p._grad[d] = view
+                    start += g.size
+        for p in dense:
+            data = p._check_and_get(p._data, list)
+            fresh = [arr._fresh_grad for arr in data]   # marking again clears the flag
+            autograd.mark_variables(data, p._grad, p.grad_req)
+            for arr, was in zip(data, fresh):
+                arr._fresh_grad = was
 
     def _allreduce_grads(self):
         if not self._kvstore:
             return
+        if not self._bucketed:
+            self._grads_into_buckets()
+            self._bucketed = True
         keys, grads, outs = [], [], []
         for i, param in enumerate(self._params):
             if param.grad_req == "null":

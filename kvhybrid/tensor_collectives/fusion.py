@@ -12,7 +12,8 @@ reduces them key by key).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+import ctypes
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import mxnet as mx
@@ -60,38 +61,77 @@ class FusionBuffer:
         return buf
 
 
-def allreduce_fused(tensors: Sequence[Sequence[NDArray]], counts: Sequence[int], dtype,
-                    group: Group, buffer: FusionBuffer, views: ViewCache,
-                    name: str = "") -> List[Tuple[np.ndarray, NDArray, int, int]]:
-    """Sum one bucket of host tensors (``counts`` elements of ``dtype`` each) over their
-    devices and the group.
+class FusedSum:
+    """One tensor's sum after a fused allreduce: a numpy view of it, and an NDArray
+    holding it (made on demand: a slice of the fusion buffer, or the tensor's own first
+    array when the sum was made in place)."""
 
-    Returns, per tensor, ``(view, buf, start, stop)``: a numpy view of its sum in
-    the fusion buffer and where it sits there (``buf[start:stop]``), valid until
-    the next call on this buffer. MXNet's engine has finished every pending
-    operation when it returns, so callers may write NDArrays through views.
+    __slots__ = ("view", "_buf", "_start", "_stop", "_shape", "_array")
+
+    def __init__(self, view: np.ndarray, buf: NDArray, start: int, stop: int, shape,
+                 array: Optional[NDArray] = None):
+        self.view, self._buf, self._start, self._stop = view, buf, start, stop
+        self._shape, self._array = shape, array
+
+    @property
+    def in_place(self) -> bool:
+        return self._array is not None
+
+    @property
+    def array(self) -> NDArray:
+        if self._array is None:
+            self._array = self._buf[self._start:self._stop].reshape(self._shape)
+        return self._array
+
+
+def _contiguous(views: Sequence[np.ndarray]) -> Optional[np.ndarray]:
+    """One view spanning ``views`` if they follow each other in memory (gradients that
+    kvhybrid.DistributedTrainer placed in one buffer), else None."""
+    ptr = start = views[0].__array_interface__["data"][0]
+    for v in views:
+        if v.__array_interface__["data"][0] != ptr:
+            return None
+        ptr += v.nbytes
+    dtype = views[0].dtype
+    raw = (ctypes.c_char * (ptr - start)).from_address(start)
+    raw.owner = views  # the views keep their NDArrays, and so the memory, alive
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def allreduce_fused(tensors: Sequence[Sequence[NDArray]], counts: Sequence[int], shapes,
+                    dtype, group: Group, buffer: FusionBuffer, views: ViewCache,
+                    in_place: bool = False, name: str = "") -> List[FusedSum]:
+    """Sum one bucket of host tensors (``counts`` elements of ``dtype`` each) over their
+    devices and the group; one :class:`FusedSum` per tensor, valid until the next call.
+
+    With ``in_place`` the sums may be written into the tensors' first arrays: when those
+    follow each other in memory the bucket is reduced where it lies, with no copy in or
+    out (PyTorch DDP's gradient-as-bucket-view). MXNet's engine has finished every pending
+    operation when this returns, so callers may write NDArrays through views.
     """
     dtype = np.dtype(dtype)
     total = sum(counts)
-    buf = buffer.get(total, dtype)
     # One wait for the whole engine (the gradients are written, no operation still reads
     # the last step's sums or the outputs): a wait per array costs ~75 us each.
     with group.watchdog.waiting(lambda: f"the MXNet engine to finish the arrays of {name}",
                                 collective=False):
         mx.nd.waitall()
-    flat = host_view(buf, dtype, total)
+    firsts = [views.get(arrays[0], dtype, count) for arrays, count in zip(tensors, counts)]
+    flat = _contiguous(firsts) if in_place and len(tensors) > 1 else None
+    buf = None
+    if flat is None:
+        buf = buffer.get(total, dtype)
+        flat = host_view(buf, dtype, total)
     out = []
     start = 0
-    for arrays, count in zip(tensors, counts):
+    for arrays, count, shape, first in zip(tensors, counts, shapes, firsts):
         stop = start + count
         part = flat[start:stop]
-        for d, arr in enumerate(arrays):
-            src = views.get(arr, dtype, count)
-            if d == 0:
-                np.copyto(part, src)
-            else:
-                np.add(part, src, out=part)
-        out.append((part, buf, start, stop))
+        if buf is not None:
+            np.copyto(part, first)
+        for arr in arrays[1:]:
+            np.add(part, views.get(arr, dtype, count), out=part)
+        out.append(FusedSum(part, buf, start, stop, shape, arrays[0] if buf is None else None))
         start = stop
     MPI = group.MPI
     mpi_op = _mpi_op(MPI, "sum", dtype)
@@ -102,4 +142,6 @@ def allreduce_fused(tensors: Sequence[Sequence[NDArray]], counts: Sequence[int],
             group.comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(MPI, flat[:total]), op=mpi_op)
     group.bytes_sent["dense"] += total * dtype.itemsize
     group.fused_calls += 1
+    if buf is None:
+        group.fused_in_place += 1
     return out

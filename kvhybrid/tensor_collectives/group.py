@@ -36,6 +36,8 @@ class Group:
         self.bytes_sent: Dict[str, int] = {"dense": 0, "rows": 0, "servers": 0}
         #: fused allreduces run (one per bucket of small keys)
         self.fused_calls = 0
+        #: of those, the ones reduced where the gradients lie (no copies)
+        self.fused_in_place = 0
 
     @classmethod
     def world(cls, config: StoreConfig) -> "Group":
