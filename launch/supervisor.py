@@ -27,6 +27,14 @@ _BARE_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")
 GRACE_SECONDS = 4.0
 
 
+class Terminated(KeyboardInterrupt):
+    """The launcher got SIGTERM."""
+
+
+def _interrupt(signum, frame):
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 @dataclass
 class Managed:
     name: str                        # "scheduler", "server 1", "client 0"
@@ -67,7 +75,20 @@ class Supervisor:
                 self._out.flush()
 
     def wait(self, poll: float = 0.1) -> int:
-        """Run until the essential processes are done (0) or one process fails (its code)."""
+        """Run until the essential processes are done (0) or one process fails (its code).
+
+        Ctrl-C (SIGINT) and SIGTERM stop every process of the job. The handlers are set
+        here, whatever the launcher inherited: a shell starts background commands with
+        SIGINT ignored, and a launcher that cannot be interrupted leaves its job behind.
+        """
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._wait(poll)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _wait(self, poll: float) -> int:
         try:
             while True:
                 for proc in self.procs:
@@ -78,10 +99,11 @@ class Supervisor:
                     self._finish()
                     return 0
                 time.sleep(poll)
-        except KeyboardInterrupt:
-            log.error("interrupted: stopping every process of the job")
+        except KeyboardInterrupt as exc:
+            how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+            log.error("%s: stopping every process of the job", how)
             self.stop_all()
-            return 130
+            return 143 if isinstance(exc, Terminated) else 130
 
     def _fail(self, proc: Managed, rc: int) -> int:
         how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"

@@ -162,8 +162,12 @@ class Running:
 
     def __init__(self, *args):
         cmd = LAUNCH + list(map(str, args))
+        # Started as a shell starts a background command: with SIGINT ignored. Ctrl-C must
+        # still stop the job (the launcher sets its own handlers).
         self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, env=job_env(), cwd=ROOT)
+                                      text=True, env=job_env(), cwd=ROOT,
+                                      preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                       signal.SIG_IGN))
         self.pids = set()
 
     def wait_until_ready(self, workers: int, timeout: float = 90) -> None:
@@ -239,11 +243,14 @@ def test_killed_server_stops_the_job_within_10_s_naming_it():
     assert job.leftovers() == []
 
 
-def test_ctrl_c_stops_everything():
+@pytest.mark.parametrize("sig,rc,said", [(signal.SIGINT, 130, "interrupted"),
+                                         (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+                         ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_everything(sig, rc, said):
     job = start_hybrid_job("train")
-    job.popen.send_signal(signal.SIGINT)
-    rc, out, seconds = job.finish(timeout=60)
-    assert rc == 130, out[-2000:]
-    assert "interrupted" in out
+    job.popen.send_signal(sig)
+    got, out, seconds = job.finish(timeout=60)
+    assert got == rc, out[-2000:]
+    assert f"{said}: stopping every process of the job" in out
     assert seconds < 10
     assert job.leftovers() == []
