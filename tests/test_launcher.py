@@ -157,6 +157,17 @@ def test_groups_and_servers_job():
     assert "the job finished" in r.output
 
 
+_RUNNING: list = []
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left_behind():
+    """Whatever a test asserted, kill what its background jobs left running."""
+    yield
+    while _RUNNING:
+        _RUNNING.pop().kill_all()
+
+
 class Running:
     """A launcher job in the background, with every process it started, by PID."""
 
@@ -169,6 +180,16 @@ class Running:
                                       preexec_fn=lambda: signal.signal(signal.SIGINT,
                                                                        signal.SIG_IGN))
         self.pids = set()
+        _RUNNING.append(self)
+
+    def kill_all(self) -> None:
+        self._collect()
+        for pid in self.pids | {self.popen.pid}:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.popen.wait()
 
     def wait_until_ready(self, workers: int, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
@@ -203,7 +224,13 @@ class Running:
 
     def finish(self, timeout: float):
         start = time.monotonic()
-        out, _ = self.popen.communicate(timeout=timeout)
+        try:
+            out, _ = self.popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:   # leave nothing behind for the next tests
+            self.kill_all()
+            out, _ = self.popen.communicate()
+            raise AssertionError(f"the launcher still ran after {timeout} s (killed it and "
+                                 f"its processes):\n{out[-3000:]}") from None
         return self.popen.returncode, out, time.monotonic() - start
 
     def leftovers(self):
