@@ -1,6 +1,6 @@
-"""The pushpull benchmark runs end to end (tiny sizes) and writes its table and plot.
+"""The benchmarks run end to end (tiny sizes) and write their table, JSON and plot.
 
-It asserts no timing: it checks that every peer was measured and reported.
+They assert no timing: they check that every peer was measured and reported.
 """
 import json
 import subprocess
@@ -9,41 +9,37 @@ import sys
 from mpirun import ROOT, job_env
 
 
-def test_pushpull_benchmark_writes_table_json_and_plot(tmp_path):
-    cmd = [sys.executable, "-m", "kvhybrid.bench.pushpull", "--sizes-mb", "0.25", "--repeats", "2",
-           "--warmup", "1", "--variants", "default", "--out", str(tmp_path)]
+def run_bench(module: str, tmp_path, *args) -> tuple:
+    """Run ``python -m kvhybrid.bench.<module> ... --out tmp_path``; (table text, JSON)."""
+    cmd = [sys.executable, "-m", f"kvhybrid.bench.{module}", *map(str, args), "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    table = (tmp_path / "pushpull.md").read_text()
+    assert (tmp_path / f"{module}.png").stat().st_size > 10_000
+    return (tmp_path / f"{module}.md").read_text(), json.loads((tmp_path / f"{module}.json").read_text())
+
+
+def test_pushpull_benchmark_writes_table_json_and_plot(tmp_path):
+    table, results = run_bench("pushpull", tmp_path, "--sizes-mb", 0.25, "--repeats", 2,
+                               "--warmup", 1, "--variants", "default")
     for column in ("hybrid-mpi pushpull", "MPI Allreduce in place", "Horovod allreduce_",
                    "dist_sync push+pull", "memcpy"):
         assert column in table
-    results = json.loads((tmp_path / "pushpull.json").read_text())["default"]["0.25"]
     assert {"hybrid_pushpull_inplace", "mpi_allreduce_inplace", "horovod_allreduce",
-            "dist_sync_push_pull"} <= set(results)
-    assert (tmp_path / "pushpull.png").stat().st_size > 10_000
+            "dist_sync_push_pull"} <= set(results["default"]["0.25"])
 
 
 def test_sparse_pull_benchmark_measures_both_designs(tmp_path):
-    cmd = [sys.executable, "-m", "kvhybrid.bench.sparse_pull", "--workers", "2", "--rows", "500",
-           "--ids", "64", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    table = (tmp_path / "sparse_pull.md").read_text()
+    table, results = run_bench("sparse_pull", tmp_path, "--workers", 2, "--rows", 500, "--ids", 64,
+                               "--repeats", 2, "--warmup", 1)
     assert "master pulls the union, scatters" in table and "every worker pulls its rows" in table
-    results = json.loads((tmp_path / "sparse_pull.json").read_text())["results"]["2"]
-    assert set(results) == {"master", "every"}
-    assert all(r["pull_ms"] > 0 and r["rows_per_worker"] > 0 for r in results.values())
-    assert (tmp_path / "sparse_pull.png").stat().st_size > 10_000
+    by_design = results["results"]["2"]
+    assert set(by_design) == {"master", "every"}
+    assert all(r["pull_ms"] > 0 and r["rows_per_worker"] > 0 for r in by_design.values())
 
 
 def test_fusion_benchmark_measures_every_case(tmp_path):
-    cmd = [sys.executable, "-m", "kvhybrid.bench.fusion", "--keys", "8", "--key-kb", "4",
-           "--ranks", "2", "--repeats", "2", "--warmup", "1", "--out", str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=job_env(), cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    results = json.loads((tmp_path / "fusion.json").read_text())["results"]["2"]
-    assert set(results) == {"store_per_key", "store_fused", "store_fused_views", "mpi_per_key",
-                            "mpi_one_buffer", "horovod"}
-    assert "fused (one buffer) speed-up over key by key" in (tmp_path / "fusion.md").read_text()
-    assert (tmp_path / "fusion.png").stat().st_size > 10_000
+    table, results = run_bench("fusion", tmp_path, "--keys", 8, "--key-kb", 4, "--ranks", 2,
+                               "--repeats", 2, "--warmup", 1)
+    assert set(results["results"]["2"]) == {"store_per_key", "store_fused", "store_fused_views",
+                                            "mpi_per_key", "mpi_one_buffer", "horovod"}
+    assert "fused (one buffer) speed-up over key by key" in table

@@ -130,8 +130,7 @@ class ServerLink:
             shape=value.shape, ctx=value.context, dtype=value.dtype)
         with self._dog.waiting(lambda: f"the other client groups to init the rows of key {key!r} "
                                        "on the parameter servers", collective=False):
-            self._kv.init(kid, full)
-            mx.nd.waitall()
+            self._kv.init(kid, full)   # blocks until every master has called it
 
     def push_rows(self, key: Key, rows: NDArray) -> None:
         """Push a row_sparse array (the group's summed gradient rows; may have no rows).

@@ -47,13 +47,6 @@ def row_sparse(rows, ids: np.ndarray, shape, ctx, dtype) -> NDArray:
     return mx.nd.sparse.row_sparse_array((rows, ids), shape=shape, ctx=ctx, dtype=dtype)
 
 
-def _write(src: NDArray, out: NDArray) -> None:
-    """Gluon pulls rows inside ``autograd.record()``; the store's writes are not part of
-    the model's graph (MXNet's own stores write from C++, unseen by autograd)."""
-    with mx.autograd.pause():
-        src.copyto(out)
-
-
 # -- push --------------------------------------------------------------------------------
 def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], group: Group,
                   updater) -> None:
@@ -70,13 +63,12 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], group: G
     """Local aggregation: the master gathers the group's rows, sums them and pushes the
     sum (an empty one too: in sync mode the servers wait for every group's push)."""
     ids, rows = local_rows(arrays)
-    ids, rows = gather_rows(ids, rows, group, name=f"key {key!r}")
+    ids, rows = gather_rows(ids, rows, group, root=0, name=f"key {key!r}")
     if servers is None:
         return
     ids, rows = sum_rows(ids, rows)
     group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
-    first = arrays[0]
-    servers.push_rows(key, row_sparse(rows, ids, slot.shape, mx.cpu(), first.dtype))
+    servers.push_rows(key, row_sparse(rows, ids, slot.shape, mx.cpu(), slot.dtype))
 
 
 # -- pull --------------------------------------------------------------------------------
@@ -123,7 +115,7 @@ def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -
             rows = mx.nd.take(slot.value, mx.nd.array(i, ctx=slot.value.context, dtype="int64"))
         else:  # MXNet's operators reject empty arrays
             rows = np.zeros((0,) + slot.shape[1:], slot.dtype)
-        _write(row_sparse(rows, i, slot.shape, o.context, slot.dtype), o)
+        row_sparse(rows, i, slot.shape, o.context, slot.dtype).copyto(o)
 
 
 def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
@@ -141,4 +133,4 @@ def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: Li
                         name=f"key {key!r}")
     for o, i in zip(outs, ids):
         part = rows[np.searchsorted(mine, i)]
-        _write(row_sparse(part, i, slot.shape, o.context, slot.dtype), o)
+        row_sparse(part, i, slot.shape, o.context, slot.dtype).copyto(o)

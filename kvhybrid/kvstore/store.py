@@ -32,6 +32,7 @@ import logging
 import os
 import tempfile
 import weakref
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -41,7 +42,7 @@ from mxnet.base import _LIB, KVStoreHandle, c_str, check_call
 from ..config import StoreConfig
 from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import Group, allreduce_array, broadcast_array
-from ..tensor_collectives.fusion import FusionBuffer, allreduce_fused, buckets, fusable
+from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, fusable
 from ..tensor_collectives.ndarray_view import ViewCache
 from ..tensor_collectives.ops import copy_to_all, reduce_local
 from . import sparse
@@ -106,6 +107,15 @@ def _call_key(key):
     return tuple(key) if isinstance(key, list) else key
 
 
+@dataclass
+class CheckedCall:
+    """A pushpull call that passed its checks, remembered for the next step."""
+
+    work: list                          # [(key, value arrays, out arrays or None)]
+    signature: str                      # what the ranks agree on
+    plan: Optional[tuple] = None        # its fusion buckets (HybridMPIStore._plan_buckets)
+
+
 def _keys_text(pairs_) -> str:
     return ", ".join(f"key {k!r} {spec(arrays[0])}" for k, arrays in pairs_)
 
@@ -128,8 +138,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._slots: Dict[Key, KeySlot] = {}
         self._fusion = FusionBuffer()
         self._views = ViewCache()
-        self._memo: Dict[tuple, tuple] = {}   # checked pushpull calls (see _checked_pairs)
-        self._plans: Dict[int, tuple] = {}    # their fusion buckets (see _pushpull_fused)
+        self._memo: Dict[tuple, CheckedCall] = {}   # checked pushpull calls (_checked_call)
         self._closed = False
         # With parameter servers, the group's master is a ps-lite worker; with several client
         # groups, dense keys are summed across groups through the servers.
@@ -225,7 +234,7 @@ class HybridMPIStore(mx.kv.KVStore):
             raise KeyValueError(f"row_sparse key {key!r} has {rows} rows, fewer than the "
                                 f"{self.config.num_servers} servers it is split across: give "
                                 "the table more rows, or use a dense parameter")
-        if self.config.num_servers and self._servers is not None:
+        if self._servers is not None:
             self._servers.check_new(key)
 
     def _init_table(self, key: Key, value: mx.nd.NDArray) -> None:
@@ -290,42 +299,47 @@ class HybridMPIStore(mx.kv.KVStore):
         return slot
 
     # -- push, pull, pushpull ------------------------------------------------------------------
+    def _pairs_and_signature(self, op: str, key, value, out=None):
+        """Local checks of a push/pushpull: ``([(key, value, out)], signature)``."""
+        ps = pairs(key, value, sparse_ok=op == "push")
+        outs = pairs(key, out, "out") if out is not None else [(k, None) for k, _ in ps]
+        signature = []
+        for (k, v), (_, o) in zip(ps, outs):
+            slot = lookup(self._slots, k)
+            check_matches(k, slot, v, "value")
+            stype = v[0].stype
+            # host or accelerator decides fusion: part of what ranks must agree on
+            where = "host" if fusable(v) and (o is None or fusable(o)) else "device"
+            signature.append(f"key {k!r} {slot.spec} {stype} {where}")
+            self._check_route(k, slot, stype)
+            if o is not None:
+                check_out(k, v, o)
+        return [(k, v, o) for (k, v), (_, o) in zip(ps, outs)], f"{op} {', '.join(signature)}"
+
     def _checked_pairs(self, op: str, key, value, out=None):
+        return self._check(op, lambda: self._pairs_and_signature(op, key, value, out),
+                           f" of key {key!r}")
+
+    def _checked_call(self, key, value, out) -> "CheckedCall":
+        """A checked pushpull, once per repeated call. A training loop repeats the same
+        pushpull with the same arrays every step, and an NDArray's shape, dtype, storage
+        and device never change. The cached call holds the arrays, so their handles cannot
+        be reused meanwhile; every call still runs the agreement."""
+        ident = (_call_key(key), _handles(value), _handles(out))
+        call = self._memo.get(ident)
+        if call is not None:
+            agree(self.group, "pushpull", call.signature, None, f" of key {key!r}")
+            return call
+
         def build():
-            ps = pairs(key, value, sparse_ok=op == "push")
-            outs = pairs(key, out, "out") if out is not None else [(k, None) for k, _ in ps]
-            signature = []
-            for (k, v), (_, o) in zip(ps, outs):
-                slot = lookup(self._slots, k)
-                check_matches(k, slot, v, "value")
-                stype = v[0].stype
-                # host or accelerator decides fusion: part of what ranks must agree on
-                where = "host" if fusable(v) and (o is None or fusable(o)) else "device"
-                signature.append(f"key {k!r} {slot.spec} {stype} {where}")
-                self._check_route(k, slot, stype)
-                if o is not None:
-                    check_out(k, v, o)
-            return [(k, v, o) for (k, v), (_, o) in zip(ps, outs)], f"{op} {', '.join(signature)}"
+            work, signature = self._pairs_and_signature("pushpull", key, value, out)
+            return CheckedCall(work, signature), signature
 
-        if op != "pushpull":
-            return self._check(op, build, f" of key {key!r}")
-        # A training loop repeats the same pushpull with the same arrays every step, and an
-        # NDArray's shape, dtype, storage and device never change: check such a call once.
-        # The cached work holds the arrays, so their handles cannot be reused meanwhile.
-        call = (_call_key(key), _handles(value), _handles(out))
-        memo = self._memo.get(call)
-        if memo is not None:
-            agree(self.group, op, memo[1], None, f" of key {key!r}")
-            return memo[0]
-
-        def build_and_remember():
-            work, signature = build()
-            if len(self._memo) >= MEMO_LIMIT:  # a loop that makes new arrays every step
-                self._memo.clear()
-            self._memo[call] = (work, signature)
-            return work, signature
-
-        return self._check(op, build_and_remember, f" of key {key!r}")
+        call = self._check("pushpull", build, f" of key {key!r}")
+        if len(self._memo) >= MEMO_LIMIT:  # a loop that makes new arrays every step
+            self._memo.clear()
+        self._memo[ident] = call
+        return call
 
     def _check_route(self, key: Key, slot: KeySlot, stype: str) -> None:
         if stype == "row_sparse":
@@ -353,43 +367,26 @@ class HybridMPIStore(mx.kv.KVStore):
         the key is left as it was (no extra copy on the hot path).
         """
         self._open()
-        work = self._checked_pairs("pushpull", key, value, out)
+        call = self._checked_call(key, value, out)
+        work = call.work
         if len(work) > 1 and not self._cross and self.config.fusion_threshold:
-            work = self._pushpull_fused(work)
+            work = self._pushpull_fused(call)
         for k, value_k, out_k in work:
             slot = self._slots[k]
             dst = out_k if out_k is not None else value_k
             target = slot.grad_buffer() if self._updater is not None else dst[0]
             copy_to_all(self._sum_and_update(k, slot, value_k, target), dst)
 
-    def _pushpull_fused(self, work):
+    def _pushpull_fused(self, call: "CheckedCall"):
         """Sum the host keys of one call in fused buckets; return the keys left to do one
         by one (arrays on an accelerator). Every rank forms the same buckets: the keys,
-        shapes, dtypes and devices were agreed on. A repeated call (the same ``work``,
-        from the call memo) reuses its plan."""
-        plan = self._plans.get(id(work))
-        if plan is None or plan[0] is not work:
-            fused = [w for w in work if self._slots[w[0]].count and fusable(w[1])
-                     and (w[2] is None or fusable(w[2]))]
-            slots = [self._slots[k] for k, _, _ in fused]
-            plan = (work, fused, slots, buckets([s.count * s.dtype.itemsize for s in slots],
-                                                [s.dtype for s in slots],
-                                                self.config.fusion_threshold))
-            if len(self._plans) >= MEMO_LIMIT:
-                self._plans.clear()
-            self._plans[id(work)] = plan
-        _, fused, slots, bucket_list = plan
-        if len(fused) < 2:
-            return work
-        for bucket in bucket_list:
-            in_place = all(fused[i][2] is None for i in bucket)
-            sums = allreduce_fused([fused[i][1] for i in bucket], [slots[i].count for i in bucket],
-                                   [slots[i].shape for i in bucket], slots[bucket[0]].dtype,
-                                   self.group, self._fusion, self._views, in_place,
-                                   name=f"(keys {fused[bucket[0]][0]!r}..{fused[bucket[-1]][0]!r})")
-            for i, total in zip(bucket, sums):
-                k, value_k, out_k = fused[i]
-                slot = slots[i]
+        shapes, dtypes and devices were agreed on. The buckets are planned once per call."""
+        if call.plan is None:
+            call.plan = self._plan_buckets(call.work)
+        buckets_, rest = call.plan
+        for bucket, items in buckets_:
+            sums = allreduce_fused(bucket, self.group, self._fusion, self._views)
+            for (k, value_k, out_k, slot), total in zip(items, sums):
                 dst = out_k if out_k is not None else value_k
                 if self._updater is None:  # the engine is idle: write through views
                     for d, arr in enumerate(dst):
@@ -398,8 +395,25 @@ class HybridMPIStore(mx.kv.KVStore):
                 else:
                     self._updater(k, total.array, slot.value)
                     copy_to_all(slot.value, dst)
-        done = {id(w) for w in fused}
-        return [w for w in work if id(w) not in done]
+        return rest
+
+    def _plan_buckets(self, work):
+        """([(Bucket, [(key, value, out, slot)])], keys left to do one by one)."""
+        fused = [(k, v, o, self._slots[k]) for k, v, o in work
+                 if self._slots[k].count and fusable(v) and (o is None or fusable(o))]
+        if len(fused) < 2:
+            return [], work
+        plan = []
+        for idx in buckets([s.count * s.dtype.itemsize for *_, s in fused],
+                           [s.dtype for *_, s in fused], self.config.fusion_threshold):
+            items = [fused[i] for i in idx]
+            bucket = Bucket([v for _, v, _, _ in items], [s.count for *_, s in items],
+                            [s.shape for *_, s in items], items[0][3].dtype,
+                            in_place=all(o is None for _, _, o, _ in items),
+                            name=f"(keys {items[0][0]!r}..{items[-1][0]!r})")
+            plan.append((bucket, items))
+        done = {k for k, *_ in fused}
+        return plan, [w for w in work if w[0] not in done]
 
     @_unrecorded
     def push(self, key, value, priority: int = 0) -> None:
@@ -434,7 +448,7 @@ class HybridMPIStore(mx.kv.KVStore):
         (in async mode newer than this group's copy), so the pull is a call every rank of
         the group makes."""
         self._open()
-        if self._cross or self.config.num_servers:
+        if self.config.num_servers:   # several client groups always have servers
             self._pull_from_servers(key, out)
             return
         if out is None:
@@ -512,7 +526,7 @@ class HybridMPIStore(mx.kv.KVStore):
         reduce_local(arrays, target)
         allreduce_array(target, "sum", self.group, name=f"key {key!r}")
         result = target if self._updater is None else slot.value
-        if target.size == 0:  # nothing to sum or update (MXNet's operators reject empty arrays)
+        if slot.count == 0:  # nothing to sum or update (MXNet's operators reject empty arrays)
             return result
         if self._cross:
             # The master pushes the group's sum and pulls the servers' answer (the sum over
@@ -617,7 +631,6 @@ class HybridMPIStore(mx.kv.KVStore):
             self._slots.clear()
             self._views.clear()
             self._memo.clear()
-            self._plans.clear()
 
     def __repr__(self) -> str:
         return f"<HybridMPIStore rank {self.rank} of {self.num_workers}, {len(self._slots)} keys>"

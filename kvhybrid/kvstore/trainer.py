@@ -55,10 +55,10 @@ class DistributedTrainer(gluon.Trainer):
                  and p._grad_stype == "default" and p._grad is not None and p._grad[0].size]
         if not dense:
             return
+        by_dtype = {}
+        for p in dense:
+            by_dtype.setdefault(np.dtype(p.dtype), []).append(p)
         for d in range(len(dense[0].list_ctx())):
-            by_dtype = {}
-            for p in dense:
-                by_dtype.setdefault(np.dtype(p.dtype), []).append(p)
             for dtype, group in by_dtype.items():
                 grads = [p._grad[d] for p in group]
                 total = sum(g.size for g in grads)

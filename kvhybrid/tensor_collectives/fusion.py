@@ -2,9 +2,9 @@
 
 A model's step pushes one key per parameter; most are small, and each
 allreduce pays a fixed cost (the MPI call, the cross-rank agreement, Python)
-that dwarfs the bytes. ``allreduce_fused`` packs consecutive host tensors of
-one dtype into a flat buffer of at most ``threshold`` bytes, sums it across
-the group once, and hands back per-tensor views into the buffer.
+that dwarfs the bytes. ``buckets`` groups consecutive host tensors of one
+dtype into runs of at most ``threshold`` bytes; ``allreduce_fused`` sums a
+:class:`Bucket` across the group once and hands back per-tensor views.
 
 Packing works on zero-copy views of NDArray memory (numpy copies of a few
 microseconds per key); arrays on an accelerator are not fused (the caller
@@ -23,7 +23,6 @@ from .group import Group
 from .ndarray_view import ViewCache, host_view, is_host
 from .ops import _mpi_buffer, _mpi_op
 
-Bucket = List[int]
 
 
 def fusable(arrays: Sequence[NDArray]) -> bool:
@@ -31,10 +30,10 @@ def fusable(arrays: Sequence[NDArray]) -> bool:
     return all(is_host(a) for a in arrays)
 
 
-def buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -> List[Bucket]:
+def buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -> List[List[int]]:
     """Indices of tensors (given by their bytes and dtypes) grouped into runs of one dtype
     and at most ``threshold`` bytes (a tensor larger than that is a bucket of its own)."""
-    out: List[Bucket] = []
+    out: List[List[int]] = []
     size, current = 0, None
     for i, (n, dtype) in enumerate(zip(nbytes, dtypes)):
         if out and dtype == current and size + n <= threshold:
@@ -98,33 +97,52 @@ def _contiguous(views: Sequence[np.ndarray]) -> Optional[np.ndarray]:
     return np.frombuffer(raw, dtype=dtype)
 
 
-def allreduce_fused(tensors: Sequence[Sequence[NDArray]], counts: Sequence[int], shapes,
-                    dtype, group: Group, buffer: FusionBuffer, views: ViewCache,
-                    in_place: bool = False, name: str = "") -> List[FusedSum]:
-    """Sum one bucket of host tensors (``counts`` elements of ``dtype`` each) over their
-    devices and the group; one :class:`FusedSum` per tensor, valid until the next call.
+class Bucket:
+    """Tensors of one dtype summed by one allreduce. A training loop repeats the same
+    call with the same arrays, whose memory never moves: the bucket is built once per
+    call, and where its arrays lie is worked out on first use."""
 
-    With ``in_place`` the sums may be written into the tensors' first arrays: when those
-    follow each other in memory the bucket is reduced where it lies, with no copy in or
-    out (PyTorch DDP's gradient-as-bucket-view). MXNet's engine has finished every pending
-    operation when this returns, so callers may write NDArrays through views.
+    def __init__(self, tensors: Sequence[Sequence[NDArray]], counts: Sequence[int], shapes,
+                 dtype, in_place: bool, name: str = ""):
+        self.tensors, self.counts, self.shapes = list(tensors), list(counts), list(shapes)
+        self.dtype, self.in_place, self.name = np.dtype(dtype), in_place, name
+        self.total = sum(self.counts)
+        self._firsts: Optional[List[np.ndarray]] = None  # views of each tensor's first array
+        self.region: Optional[np.ndarray] = None          # one view over them, if back to back
+
+    def firsts(self, views: ViewCache) -> List[np.ndarray]:
+        if self._firsts is None:
+            self._firsts = [views.get(arrays[0], self.dtype, count)
+                            for arrays, count in zip(self.tensors, self.counts)]
+            if self.in_place and len(self._firsts) > 1:
+                self.region = _contiguous(self._firsts)
+        return self._firsts
+
+
+def allreduce_fused(bucket: Bucket, group: Group, buffer: FusionBuffer,
+                    views: ViewCache) -> List[FusedSum]:
+    """Sum a bucket of host tensors over their devices and the group; one
+    :class:`FusedSum` per tensor, valid until the next call on ``buffer``.
+
+    An ``in_place`` bucket whose first arrays follow each other in memory is reduced
+    where it lies, with no copy in or out (PyTorch DDP's gradient-as-bucket-view);
+    otherwise the tensors are packed into ``buffer``. MXNet's engine has finished every
+    pending operation when this returns, so callers may write NDArrays through views.
     """
-    dtype = np.dtype(dtype)
-    total = sum(counts)
+    dtype, total, name = bucket.dtype, bucket.total, bucket.name
     # One wait for the whole engine (the gradients are written, no operation still reads
     # the last step's sums or the outputs): a wait per array costs ~75 us each.
     with group.watchdog.waiting(lambda: f"the MXNet engine to finish the arrays of {name}",
                                 collective=False):
         mx.nd.waitall()
-    firsts = [views.get(arrays[0], dtype, count) for arrays, count in zip(tensors, counts)]
-    flat = _contiguous(firsts) if in_place and len(tensors) > 1 else None
-    buf = None
+    firsts = bucket.firsts(views)
+    flat, buf = bucket.region, None
     if flat is None:
         buf = buffer.get(total, dtype)
         flat = host_view(buf, dtype, total)
     out = []
     start = 0
-    for arrays, count, shape, first in zip(tensors, counts, shapes, firsts):
+    for arrays, count, shape, first in zip(bucket.tensors, bucket.counts, bucket.shapes, firsts):
         stop = start + count
         part = flat[start:stop]
         if buf is not None:
@@ -135,7 +153,7 @@ def allreduce_fused(tensors: Sequence[Sequence[NDArray]], counts: Sequence[int],
         start = stop
     MPI = group.MPI
     mpi_op = _mpi_op(MPI, "sum", dtype)
-    with group.watchdog.waiting(lambda: f"fused allreduce of {len(tensors)} keys "
+    with group.watchdog.waiting(lambda: f"fused allreduce of {len(bucket.tensors)} keys "
                                         f"({total * dtype.itemsize / 2**20:.1f} MB) {name} on "
                                         f"group {group.name} of {group.size} ranks"):
         if total:

@@ -1,7 +1,7 @@
 """Row-sparse arrays over MPI: only the rows a rank touched travel, never the table.
 
 - ``allreduce_rows``: the Horovod-style path for ``row_sparse`` gradients when
-  the rows stay inside the group (``Allgatherv`` of ids and rows; every rank sums
+  the rows stay inside the group (``gather_rows`` to every rank; every rank sums
   the same gathered rows in the same order, so results are bit-identical).
 - ``gather_rows`` / ``scatter_rows``: Parallax's local aggregation around the
   parameter servers. The master gathers the group's rows (and sums them) before
@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -20,50 +20,40 @@ from .group import Group
 
 def local_rows(arrays: Sequence[NDArray]) -> Tuple[np.ndarray, np.ndarray]:
     """(ids, rows) of a worker's per-device row_sparse arrays, concatenated (not yet summed)."""
-    ids = [a.indices.asnumpy().astype(np.int64) for a in arrays]
+    ids = [np.asarray(a.indices.asnumpy(), dtype=np.int64) for a in arrays]
     rows = [a.data.asnumpy() for a in arrays]
     return np.concatenate(ids), np.concatenate(rows)
 
 
-def allgather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, name: str = "rows"):
-    """Every rank's (ids, rows), concatenated in rank order, on every rank."""
-    width = int(np.prod(rows.shape[1:], dtype=np.int64))
-    dog = group.watchdog
-    with dog.waiting(lambda: f"the row counts of {name} on group {group.name}"):
-        counts = np.array(group.comm.allgather(len(ids)), dtype=np.int64)
-    all_ids = np.empty(int(counts.sum()), dtype=np.int64)
-    all_rows = np.empty((int(counts.sum()),) + rows.shape[1:], dtype=rows.dtype)
-    group.bytes_sent["rows"] += ids.nbytes + rows.nbytes
-    with dog.waiting(lambda: f"allgatherv of {int(counts.sum())} rows of {name} on group "
-                             f"{group.name} of {group.size} ranks"):
-        group.comm.Allgatherv(np.ascontiguousarray(ids), [all_ids, counts])
-        group.comm.Allgatherv(np.ascontiguousarray(rows).reshape(-1),
-                              [all_rows.reshape(-1), counts * width])
-    return all_ids, all_rows
-
-
-def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, root: int = 0,
+def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, root: Optional[int] = None,
                 name: str = "rows"):
-    """Every rank's (ids, rows), concatenated in rank order, on ``root`` (None elsewhere)."""
-    width = int(np.prod(rows.shape[1:], dtype=np.int64))
-    dog = group.watchdog
+    """Every rank's (ids, rows), concatenated in rank order: on every rank (``root=None``,
+    ``Allgatherv``) or on ``root`` only (``Gatherv``; the others get ``(None, None)``)."""
+    comm, dog = group.comm, group.watchdog
+    everyone = root is None
     with dog.waiting(lambda: f"the row counts of {name} on group {group.name}"):
-        counts = group.comm.gather(len(ids), root=root)
+        counts = comm.allgather(len(ids)) if everyone else comm.gather(len(ids), root=root)
     group.bytes_sent["rows"] += ids.nbytes + rows.nbytes
-    if group.rank != root:
+    ids, flat = np.ascontiguousarray(ids), np.ascontiguousarray(rows).reshape(-1)
+    if not everyone and group.rank != root:
         with dog.waiting(lambda: f"rank {root} to gather the rows of {name} on group "
                                  f"{group.name}"):
-            group.comm.Gatherv(np.ascontiguousarray(ids), None, root=root)
-            group.comm.Gatherv(np.ascontiguousarray(rows).reshape(-1), None, root=root)
+            comm.Gatherv(ids, None, root=root)
+            comm.Gatherv(flat, None, root=root)
         return None, None
     counts = np.array(counts, dtype=np.int64)
+    width = int(np.prod(rows.shape[1:], dtype=np.int64))
     all_ids = np.empty(int(counts.sum()), dtype=np.int64)
     all_rows = np.empty((int(counts.sum()),) + rows.shape[1:], dtype=rows.dtype)
-    with dog.waiting(lambda: f"gatherv of {int(counts.sum())} rows of {name} on group "
-                             f"{group.name} of {group.size} ranks"):
-        group.comm.Gatherv(np.ascontiguousarray(ids), [all_ids, counts], root=root)
-        group.comm.Gatherv(np.ascontiguousarray(rows).reshape(-1),
-                           [all_rows.reshape(-1), counts * width], root=root)
+    with dog.waiting(lambda: f"{'allgatherv' if everyone else 'gatherv'} of "
+                             f"{int(counts.sum())} rows of {name} on group {group.name} of "
+                             f"{group.size} ranks"):
+        if everyone:
+            comm.Allgatherv(ids, [all_ids, counts])
+            comm.Allgatherv(flat, [all_rows.reshape(-1), counts * width])
+        else:
+            comm.Gatherv(ids, [all_ids, counts], root=root)
+            comm.Gatherv(flat, [all_rows.reshape(-1), counts * width], root=root)
     return all_ids, all_rows
 
 
@@ -102,6 +92,6 @@ def sum_rows(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]
 def allreduce_rows(arrays: Sequence[NDArray], group: Group, name: str = "rows") -> NDArray:
     """The sum over a worker's devices and over the group of row_sparse ``arrays``."""
     first = arrays[0]
-    ids, rows = sum_rows(*allgather_rows(*local_rows(arrays), group, name))
+    ids, rows = sum_rows(*gather_rows(*local_rows(arrays), group, name=name))
     return mx.nd.sparse.row_sparse_array((rows, ids), shape=first.shape, ctx=first.context,
                                          dtype=first.dtype)
