@@ -37,6 +37,15 @@ def _parse_seconds(name: str, raw: str) -> float:
     return value
 
 
+def _parse_algorithm(name: str, raw: str) -> str:
+    from .tensor_collectives.algorithms import ALGORITHMS
+    value = raw.strip().lower()
+    if value != "auto" and value not in ALGORITHMS:
+        raise ConfigError(f"{name}={raw!r} is not an allreduce algorithm: set it to auto or one "
+                          f"of {', '.join(ALGORITHMS)}")
+    return value
+
+
 def _parse_count(name: str, raw: str) -> int:
     try:
         value = int(raw)
@@ -71,6 +80,12 @@ class StoreConfig:
     #: list of keys (kvhybrid.DistributedTrainer makes one per step) sums in a
     #: single allreduce; 0 turns fusion off.
     fusion_threshold: int = 64 * 2**20
+    #: KVHYBRID_ALLREDUCE: the algorithm for dense sums; auto picks one by message
+    #: size and the group's hosts (tensor_collectives/algorithms.py).
+    allreduce: str = "auto"
+    #: KVHYBRID_EMULATE_NODE_SIZE: treat every k consecutive ranks of a host as one
+    #: host, to exercise the multi-host algorithms on one machine; 0: real hosts.
+    emulate_node_size: int = 0
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
@@ -84,6 +99,8 @@ class StoreConfig:
         "allow_singleton": ("KVHYBRID_ALLOW_SINGLETON", _parse_bool),
         "connect_timeout": ("KVHYBRID_CONNECT_TIMEOUT", _parse_seconds),
         "fusion_threshold": ("KVHYBRID_FUSION_THRESHOLD", _parse_count),
+        "allreduce": ("KVHYBRID_ALLREDUCE", _parse_algorithm),
+        "emulate_node_size": ("KVHYBRID_EMULATE_NODE_SIZE", _parse_count),
         "num_servers": ("DMLC_NUM_SERVER", _parse_count),
         "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }

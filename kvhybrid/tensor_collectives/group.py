@@ -8,6 +8,7 @@ import numpy as np
 import mxnet as mx
 
 from ..config import StoreConfig
+from .algorithms import Algorithms
 from .mpi_env import load_mpi
 from .watchdog import Watchdog, install_abort_on_uncaught_exception
 
@@ -30,6 +31,8 @@ class Group:
         self.size = self.comm.Get_size()
         self.config = config
         self.watchdog = Watchdog(MPI, self.comm, config.timeout, config.stall_warning, name)
+        #: the allreduce algorithms and the selector between them
+        self.algorithms = Algorithms(self, config.allreduce, config.emulate_node_size)
         self._staging: Dict[Tuple[int, str], mx.nd.NDArray] = {}
         #: bytes this rank has sent, by kind: "dense" and "rows" handed to MPI collectives,
         #: "servers" pushed to the parameter servers (a master's row_sparse pushes)

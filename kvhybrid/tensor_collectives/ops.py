@@ -111,12 +111,17 @@ def _in_place(arr: NDArray, group: Group, what: Callable[[], str],
 # -- collectives ---------------------------------------------------------------------------
 def allreduce_array(arr: NDArray, op: str = "sum", group: Group = None, name: str = "") -> None:
     """Reduce one array across the group, in place."""
-    MPI = group.MPI
-    mpi_op = _mpi_op(MPI, op, np.dtype(arr.dtype))
+    MPI, dtype = group.MPI, np.dtype(arr.dtype)
+    algorithm = group.algorithms.select(arr.size * dtype.itemsize, op)
+    if op == "sum":
+        reduce = group.algorithms.allreduce
+    else:
+        mpi_op = _mpi_op(MPI, op, dtype)
+        reduce = lambda v: group.comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(MPI, v), op=mpi_op)  # noqa: E731
     _in_place(arr, group,
-              lambda: f"allreduce({op}) of {name or 'a tensor'} {describe(arr)} on group "
-                      f"{group.name} of {group.size} ranks",
-              lambda v: group.comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(MPI, v), op=mpi_op))
+              lambda: f"allreduce({op}, {algorithm}) of {name or 'a tensor'} {describe(arr)} on "
+                      f"group {group.name} of {group.size} ranks",
+              reduce)
 
 
 def broadcast_array(arr: NDArray, src: int = 0, group: Group = None, name: str = "") -> None:

@@ -1,0 +1,163 @@
+"""The allreduce algorithms behind ``allreduce``, and the selector that picks one.
+
+==============  ===========================================================
+``mpi``         the MPI library's ``Allreduce`` (what it picks; the launcher
+                tunes Open MPI, see ``kvhybrid.launch.mpirun``)
+``ring``        reduce-scatter + allgather between neighbours, pipelined in
+                segments (``ring.py``)
+``shm``         one host's ranks through a shared-memory window
+                (``shared_memory.py``)
+``hierarchical``  shared memory on each host, a ring across hosts among the
+                ranks with the same place on their host, shared memory again
+==============  ===========================================================
+
+Which one is fastest depends on more than the bytes and ranks: huge pages, the MPI
+library's own tuning, how many processes share the cores. So ``auto`` measures: the
+first calls of each size class (a power of two) try every candidate in turn, ``TRIALS``
+times each; then the ranks agree, in one small allreduce of their times, on the one
+whose slowest rank was fastest, and use it from then on (Horovod's autotuning, per
+size). Calls below ``SMALL_BYTES`` are bound by latency and go to the MPI library.
+Every rank makes the same calls in the same order, so the schedule is the same
+everywhere without talking. ``KVHYBRID_ALLREDUCE`` forces one algorithm.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Dict, List
+
+import numpy as np
+
+from .ring import ring_allreduce
+from .shared_memory import SharedMemoryAllreduce
+from .topology import Topology
+
+log = logging.getLogger("kvhybrid")
+
+ALGORITHMS = ("mpi", "ring", "shm", "hierarchical")
+
+#: below this many bytes a call is bound by latency, and one MPI call has the least
+SMALL_BYTES = 256 * 2**10
+
+#: timed calls of each candidate before a size class settles on one
+TRIALS = 3
+
+
+class Algorithms:
+    """A group's algorithms and the state they keep (windows, node communicators,
+    scratch), built on first use. Building is collective: it happens at the same call
+    on every rank because the choice is a function of what every rank agrees on."""
+
+    def __init__(self, group, forced: str = "auto", emulate_node_size: int = 0):
+        self.group = group
+        self.forced = forced
+        self.emulate_node_size = emulate_node_size
+        self._topology = None
+        self._shm = None
+        self._scratch: Dict[str, np.ndarray] = {}
+        #: calls per algorithm, for tests and benchmarks
+        self.calls: Dict[str, int] = {name: 0 for name in ALGORITHMS}
+        #: size class (bytes.bit_length()) -> the algorithm auto settled on
+        self.chosen: Dict[int, str] = {}
+        self._trials: Dict[int, Dict[str, List[float]]] = {}
+
+    @property
+    def topology(self) -> Topology:
+        if self._topology is None:
+            self._topology = Topology.of(self.group.MPI, self.group.comm, self.emulate_node_size)
+        return self._topology
+
+    def candidates(self) -> List[str]:
+        """What auto tries on this group's hosts."""
+        topo = self.topology
+        if topo.nodes == 1:
+            return ["mpi", "ring", "shm"]
+        return ["mpi", "ring"] + (["hierarchical"] if topo.uniform else [])
+
+    def select(self, nbytes: int, op: str = "sum") -> str:
+        """The algorithm the next sum of ``nbytes`` on this group uses (the same on every
+        rank; no side effects: ``allreduce`` does the bookkeeping)."""
+        if op != "sum" or self.group.size == 1:
+            return "mpi"
+        if self.forced != "auto":
+            return self.forced
+        if nbytes < SMALL_BYTES:
+            return "mpi"
+        size_class = nbytes.bit_length()
+        chosen = self.chosen.get(size_class)
+        if chosen is not None:
+            return chosen
+        done = sum(map(len, self._trials.get(size_class, {}).values()))
+        candidates = self.candidates()
+        return candidates[done % len(candidates)]
+
+    def allreduce(self, view: np.ndarray) -> str:
+        """Sum ``view`` over the group in place with the selected algorithm; return its name."""
+        name = self.select(view.nbytes)
+        size_class = view.nbytes.bit_length()
+        if self.forced != "auto" or view.nbytes < SMALL_BYTES or size_class in self.chosen \
+                or self.group.size == 1:
+            self.run(name, view)
+            return name
+        start = time.perf_counter()
+        self.run(name, view)
+        trials = self._trials.setdefault(size_class, {})
+        trials.setdefault(name, []).append(time.perf_counter() - start)
+        candidates = self.candidates()
+        if all(len(trials.get(c, ())) >= TRIALS for c in candidates):
+            self._settle(size_class, candidates, trials)
+        return name
+
+    def _settle(self, size_class: int, candidates: List[str], trials) -> None:
+        mine = np.array([min(trials[c]) for c in candidates])
+        slowest = np.empty_like(mine)
+        self.group.comm.Allreduce(mine, slowest, op=self.group.MPI.MAX)
+        best = candidates[int(np.argmin(slowest))]
+        self.chosen[size_class] = best
+        del self._trials[size_class]
+        log.info("allreduce of %s-%s bytes on group %s: %s (ms, slowest rank: %s)",
+                 f"{2 ** (size_class - 1):,}", f"{2 ** size_class - 1:,}", self.group.name, best,
+                 ", ".join(f"{c} {t * 1e3:.2f}" for c, t in zip(candidates, slowest)))
+
+    def run(self, name: str, view: np.ndarray) -> None:
+        """Sum ``view`` over the group in place with algorithm ``name``."""
+        group = self.group
+        self.calls[name] += 1
+        if name == "mpi":
+            from .ops import _mpi_buffer, _mpi_op
+            MPI = group.MPI
+            group.comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(MPI, view),
+                                 op=_mpi_op(MPI, "sum", view.dtype))
+        elif name == "ring":
+            ring_allreduce(view, group.comm, group.MPI, self._workspace(view, group.size))
+        elif name == "shm":
+            if self.topology.nodes > 1:
+                raise ValueError("KVHYBRID_ALLREDUCE=shm needs every rank of the group on one "
+                                 "host; use hierarchical or auto")
+            self._shared().allreduce(view)
+        elif name == "hierarchical":
+            topo = self.topology
+            if not topo.uniform:
+                raise ValueError("KVHYBRID_ALLREDUCE=hierarchical needs the same number of ranks "
+                                 "on every host; use auto")
+            cross, MPI = topo.cross, group.MPI
+            nodes = topo.nodes
+
+            def across_hosts(part: np.ndarray) -> None:
+                ring_allreduce(part, cross, MPI, self._workspace(part, nodes))
+
+            self._shared().allreduce(view, between=across_hosts if nodes > 1 else None)
+        else:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {name!r}")
+
+    def _shared(self) -> SharedMemoryAllreduce:
+        if self._shm is None:
+            self._shm = SharedMemoryAllreduce(self.topology.node, self.group.MPI)
+        return self._shm
+
+    def _workspace(self, view: np.ndarray, parts: int) -> np.ndarray:
+        need = -(-view.size // parts)
+        buf = self._scratch.get(view.dtype.str)
+        if buf is None or buf.size < need:
+            buf = self._scratch[view.dtype.str] = np.empty(need, dtype=view.dtype)
+        return buf
