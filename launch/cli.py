@@ -56,6 +56,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                         "connect over (default: loopback for a local run, else the host's "
                         "address); ps-lite itself listens on all interfaces")
     p.add_argument("--mpi-args", default="", help="extra arguments for each mpirun, quoted")
+    p.add_argument("--no-mpi-tuning", action="store_true",
+                   help="leave Open MPI's allreduce at its defaults (by default the launcher "
+                        "hands it launch/ompi_allreduce_rules.conf: the segmented ring from 8 MB)")
     p.add_argument("--dry-run", action="store_true", help="print the table and commands, start nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
     args = p.parse_args(argv)
@@ -88,13 +91,14 @@ class Job:
     """The processes of one planned job and how to start them."""
 
     def __init__(self, plan: JobPlan, command: List[str], mpi_args: List[str],
-                 interface: Optional[str] = None):
+                 interface: Optional[str] = None, tune_mpi: bool = True):
         self.plan = plan
         self.transport = plan.spec.launcher
         self.command = list(command)
         if self.command[0] in ("python", "python3"):
             self.command[0] = sys.executable  # the launcher's interpreter and virtual environment
         self.mpi_args = mpi_args
+        self.tune_mpi = tune_mpi
         self.mpirun = find_mpirun()
         self.mpi_kind = flavour(self.mpirun)
         self.base_env = job_env({})
@@ -134,7 +138,7 @@ class Job:
             # ("mkdir ... File exists"): give each group its own.
             extra = ["--mca", "orte_tmpdir_base", os.path.join(self.tmpdir, f"client{c.client}")] + extra
         cmd = build_command(MpiJob(c.size, self.command, hosts, extra_args=extra,
-                                   crowded=self._crowded(c.master_host)),
+                                   crowded=self._crowded(c.master_host), tune_mpi=self.tune_mpi),
                             self.mpirun, self.mpi_kind, full)
         if self.transport == "netns":  # the group's mpirun runs inside its host's namespace
             cmd = wrap("netns", c.master_host, cmd, env, self.base_env)
@@ -205,7 +209,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         plan = make_plan(args)
         port = free_port(args.launcher, plan.scheduler_host) if plan.num_servers else None
-        job = Job(plan, args.command, shlex.split(args.mpi_args), args.interface)
+        job = Job(plan, args.command, shlex.split(args.mpi_args), args.interface,
+                  tune_mpi=not args.no_mpi_tuning)
         job.port = port
     except (SizingError, HostError, FileNotFoundError, ValueError, OSError) as exc:
         print(f"kvhybrid-launch: error: {exc}", file=sys.stderr)

@@ -281,3 +281,25 @@ def test_ctrl_c_or_sigterm_stops_everything(sig, rc, said):
     assert f"{said}: stopping every process of the job" in out
     assert seconds < 10
     assert job.leftovers() == []
+
+
+def test_openmpi_allreduce_tuning_is_on_by_default_and_yields_to_the_user():
+    from kvhybrid.launch.mpirun import ALLREDUCE_RULES
+    cmd = build_command(MpiJob(2, ["python", "t.py"]), "mpirun", "openmpi", {})
+    assert cmd[cmd.index("coll_tuned_dynamic_rules_filename") + 1] == str(ALLREDUCE_RULES)
+    assert ALLREDUCE_RULES.is_file()
+    # the user's own coll_tuned settings, in the environment or in --mpi-args, win
+    for env, extra in (({"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}, []),
+                       ({}, ["--mca", "coll_tuned_allreduce_algorithm", "3"])):
+        cmd = build_command(MpiJob(2, ["python", "t.py"], extra_args=extra), "mpirun", "openmpi", env)
+        assert "coll_tuned_dynamic_rules_filename" not in cmd
+    cmd = build_command(MpiJob(2, ["python", "t.py"], tune_mpi=False), "mpirun", "openmpi", {})
+    assert "coll_tuned_dynamic_rules_filename" not in cmd
+
+
+def test_no_mpi_tuning_flag_reaches_the_commands():
+    on = launch("-n", 2, "--dry-run", "python", "examples/train_mlp.py")
+    off = launch("-n", 2, "--no-mpi-tuning", "--dry-run", "python", "examples/train_mlp.py")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    assert "ompi_allreduce_rules.conf" in on.stdout
+    assert "ompi_allreduce_rules.conf" not in off.stdout
