@@ -42,7 +42,7 @@ from mxnet.base import _LIB, KVStoreHandle, c_str, check_call
 from ..config import StoreConfig
 from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import Group, allreduce_array, broadcast_array
-from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, fusable
+from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
 from ..tensor_collectives.ndarray_view import ViewCache
 from ..tensor_collectives.ops import copy_to_all, reduce_local
 from . import sparse
@@ -309,7 +309,7 @@ class HybridMPIStore(mx.kv.KVStore):
             check_matches(k, slot, v, "value")
             stype = v[0].stype
             # host or accelerator decides fusion: part of what ranks must agree on
-            where = "host" if fusable(v) and (o is None or fusable(o)) else "device"
+            where = "host" if on_host(v) and (o is None or on_host(o)) else "device"
             signature.append(f"key {k!r} {slot.spec} {stype} {where}")
             self._check_route(k, slot, stype)
             if o is not None:
@@ -378,9 +378,9 @@ class HybridMPIStore(mx.kv.KVStore):
             copy_to_all(self._sum_and_update(k, slot, value_k, target), dst)
 
     def _pushpull_fused(self, call: "CheckedCall"):
-        """Sum the host keys of one call in fused buckets; return the keys left to do one
-        by one (arrays on an accelerator). Every rank forms the same buckets: the keys,
-        shapes, dtypes and devices were agreed on. The buckets are planned once per call."""
+        """Sum the dense keys of one call in fused buckets; return the keys left to do one
+        by one. Every rank forms the same buckets: the keys, shapes, dtypes and devices
+        were agreed on. The buckets are planned once per call."""
         if call.plan is None:
             call.plan = self._plan_buckets(call.work)
         buckets_, rest = call.plan
@@ -388,29 +388,37 @@ class HybridMPIStore(mx.kv.KVStore):
             sums = allreduce_fused(bucket, self.group, self._fusion, self._views)
             for (k, value_k, out_k, slot), total in zip(items, sums):
                 dst = out_k if out_k is not None else value_k
-                if self._updater is None:  # the engine is idle: write through views
+                if self._updater is not None:
+                    grad = total.array
+                    if grad.context != slot.value.context:  # staged: the pinned buffer
+                        grad = grad.as_in_context(slot.value.context)
+                    self._updater(k, grad, slot.value)
+                    copy_to_all(slot.value, dst)
+                elif bucket.staged:  # back to the accelerator, by the engine
+                    copy_to_all(total.array, dst)
+                else:  # the engine is idle: write through views
                     for d, arr in enumerate(dst):
                         if not (d == 0 and total.in_place):
                             np.copyto(self._views.get(arr, slot.dtype, slot.count), total.view)
-                else:
-                    self._updater(k, total.array, slot.value)
-                    copy_to_all(slot.value, dst)
         return rest
 
     def _plan_buckets(self, work):
         """([(Bucket, [(key, value, out, slot)])], keys left to do one by one)."""
-        fused = [(k, v, o, self._slots[k]) for k, v, o in work
-                 if self._slots[k].count and fusable(v) and (o is None or fusable(o))]
+        fused = [(k, v, o, self._slots[k], not (on_host(v) and (o is None or on_host(o))))
+                 for k, v, o in work if self._slots[k].count]
         if len(fused) < 2:
             return [], work
         plan = []
-        for idx in buckets([s.count * s.dtype.itemsize for *_, s in fused],
-                           [s.dtype for *_, s in fused], self.config.fusion_threshold):
-            items = [fused[i] for i in idx]
+        # a bucket holds one dtype, and host tensors or staged ones, never both
+        kinds = [(s.dtype, staged) for *_, s, staged in fused]
+        for idx in buckets([s.count * s.dtype.itemsize for *_, s, _ in fused], kinds,
+                           self.config.fusion_threshold):
+            items = [fused[i][:4] for i in idx]
             bucket = Bucket([v for _, v, _, _ in items], [s.count for *_, s in items],
                             [s.shape for *_, s in items], items[0][3].dtype,
                             in_place=all(o is None for _, _, o, _ in items),
-                            name=f"(keys {items[0][0]!r}..{items[-1][0]!r})")
+                            name=f"(keys {items[0][0]!r}..{items[-1][0]!r})",
+                            staged=fused[idx[0]][4])
             plan.append((bucket, items))
         done = {k for k, *_ in fused}
         return plan, [w for w in work if w[0] not in done]

@@ -2,13 +2,15 @@
 
 A model's step pushes one key per parameter; most are small, and each
 allreduce pays a fixed cost (the MPI call, the cross-rank agreement, Python)
-that dwarfs the bytes. ``buckets`` groups consecutive host tensors of one
-dtype into runs of at most ``threshold`` bytes; ``allreduce_fused`` sums a
-:class:`Bucket` across the group once and hands back per-tensor views.
+that dwarfs the bytes. ``buckets`` groups consecutive tensors of one dtype and
+one kind (host or accelerator) into runs of at most ``threshold`` bytes;
+``allreduce_fused`` sums a :class:`Bucket` across the group once and hands back
+per-tensor sums.
 
-Packing works on zero-copy views of NDArray memory (numpy copies of a few
-microseconds per key); arrays on an accelerator are not fused (the caller
-reduces them key by key).
+Host tensors are packed through zero-copy views of NDArray memory (numpy copies
+of a few microseconds per key), or not packed at all when they already lie back
+to back. Tensors on an accelerator are summed over their devices there, copied
+into one pinned host buffer by the engine, and copied back by the caller.
 """
 from __future__ import annotations
 
@@ -19,15 +21,15 @@ import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
 
+from . import ndarray_view
 from .group import Group
-from .ndarray_view import ViewCache, host_view, is_host
-from .ops import _mpi_buffer, _mpi_op
+from .ndarray_view import ViewCache, host_view
 
 
 
-def fusable(arrays: Sequence[NDArray]) -> bool:
-    """Host arrays (the caller checked that they are dense)."""
-    return all(is_host(a) for a in arrays)
+def on_host(arrays: Sequence[NDArray]) -> bool:
+    """Whether a tensor's arrays all lie in host memory (else its bucket is staged)."""
+    return all(ndarray_view.is_host(a) for a in arrays)
 
 
 def buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -> List[List[int]]:
@@ -46,16 +48,18 @@ def buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -
 
 
 class FusionBuffer:
-    """A reusable flat host NDArray per dtype, grown to the largest bucket seen."""
+    """A reusable flat host NDArray per dtype, grown to the largest bucket seen; a pinned
+    one for buckets staged from an accelerator."""
 
     def __init__(self):
-        self._bufs: Dict[str, NDArray] = {}
+        self._bufs: Dict[tuple, NDArray] = {}
 
-    def get(self, count: int, dtype) -> NDArray:
-        key = np.dtype(dtype).str
+    def get(self, count: int, dtype, pinned: bool = False) -> NDArray:
+        key = (np.dtype(dtype).str, pinned)
         buf = self._bufs.get(key)
         if buf is None or buf.size < count:
-            buf = mx.nd.empty((max(count, 1),), ctx=mx.cpu(), dtype=dtype)
+            ctx = mx.cpu_pinned(0) if pinned else mx.cpu()
+            buf = mx.nd.empty((max(count, 1),), ctx=ctx, dtype=dtype)
             self._bufs[key] = buf
         return buf
 
@@ -103,9 +107,12 @@ class Bucket:
     call, and where its arrays lie is worked out on first use."""
 
     def __init__(self, tensors: Sequence[Sequence[NDArray]], counts: Sequence[int], shapes,
-                 dtype, in_place: bool, name: str = ""):
+                 dtype, in_place: bool, name: str = "", staged: bool = False):
         self.tensors, self.counts, self.shapes = list(tensors), list(counts), list(shapes)
-        self.dtype, self.in_place, self.name = np.dtype(dtype), in_place, name
+        self.dtype, self.name = np.dtype(dtype), name
+        #: the tensors lie on an accelerator: packed into a pinned host buffer by the engine
+        self.staged = staged
+        self.in_place = in_place and not staged
         self.total = sum(self.counts)
         self._firsts: Optional[List[np.ndarray]] = None  # views of each tensor's first array
         self.region: Optional[np.ndarray] = None          # one view over them, if back to back
@@ -121,8 +128,8 @@ class Bucket:
 
 def allreduce_fused(bucket: Bucket, group: Group, buffer: FusionBuffer,
                     views: ViewCache) -> List[FusedSum]:
-    """Sum a bucket of host tensors over their devices and the group; one
-    :class:`FusedSum` per tensor, valid until the next call on ``buffer``.
+    """Sum a bucket of tensors over their devices and the group; one :class:`FusedSum`
+    per tensor (on the host), valid until the next call on ``buffer``.
 
     An ``in_place`` bucket whose first arrays follow each other in memory is reduced
     where it lies, with no copy in or out (PyTorch DDP's gradient-as-bucket-view);
@@ -130,11 +137,49 @@ def allreduce_fused(bucket: Bucket, group: Group, buffer: FusionBuffer,
     pending operation when this returns, so callers may write NDArrays through views.
     """
     dtype, total, name = bucket.dtype, bucket.total, bucket.name
+    if bucket.staged:
+        buf = buffer.get(total, dtype, pinned=True)
+        _pack_on_devices(bucket, buf)
     # One wait for the whole engine (the gradients are written, no operation still reads
     # the last step's sums or the outputs): a wait per array costs ~75 us each.
     with group.watchdog.waiting(lambda: f"the MXNet engine to finish the arrays of {name}",
                                 collective=False):
         mx.nd.waitall()
+    if bucket.staged:
+        flat = host_view(buf, dtype, buf.size)
+        out, start = [], 0
+        for count, shape in zip(bucket.counts, bucket.shapes):
+            out.append(FusedSum(flat[start:start + count], buf, start, start + count, shape))
+            start += count
+    else:
+        flat, buf, out = _pack_on_host(bucket, buffer, views)
+    algorithm = group.algorithms.select(total * dtype.itemsize)
+    with group.watchdog.waiting(lambda: f"fused allreduce ({algorithm}) of {len(bucket.tensors)} "
+                                        f"keys ({total * dtype.itemsize / 2**20:.1f} MB) {name} on "
+                                        f"group {group.name} of {group.size} ranks"):
+        if total:
+            group.algorithms.allreduce(flat[:total])
+    group.bytes_sent["dense"] += total * dtype.itemsize
+    group.fused_calls += 1
+    if buf is None:
+        group.fused_in_place += 1
+    return out
+
+
+def _pack_on_devices(bucket: Bucket, buf: NDArray) -> None:
+    """Queue each tensor's sum over its devices, copied into its place in ``buf``."""
+    start = 0
+    for arrays, count in zip(bucket.tensors, bucket.counts):
+        first = arrays[0]
+        total = first if len(arrays) == 1 else mx.nd.add_n(
+            first, *[a.as_in_context(first.context) for a in arrays[1:]])
+        total.reshape((count,)).copyto(buf[start:start + count])
+        start += count
+
+
+def _pack_on_host(bucket: Bucket, buffer: FusionBuffer, views: ViewCache):
+    """(the flat view to reduce, the fusion buffer or None when reduced in place, sums)."""
+    dtype, total = bucket.dtype, bucket.total
     firsts = bucket.firsts(views)
     flat, buf = bucket.region, None
     if flat is None:
@@ -151,15 +196,4 @@ def allreduce_fused(bucket: Bucket, group: Group, buffer: FusionBuffer,
             np.add(part, views.get(arr, dtype, count), out=part)
         out.append(FusedSum(part, buf, start, stop, shape, arrays[0] if buf is None else None))
         start = stop
-    MPI = group.MPI
-    mpi_op = _mpi_op(MPI, "sum", dtype)
-    with group.watchdog.waiting(lambda: f"fused allreduce of {len(bucket.tensors)} keys "
-                                        f"({total * dtype.itemsize / 2**20:.1f} MB) {name} on "
-                                        f"group {group.name} of {group.size} ranks"):
-        if total:
-            group.comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(MPI, flat[:total]), op=mpi_op)
-    group.bytes_sent["dense"] += total * dtype.itemsize
-    group.fused_calls += 1
-    if buf is None:
-        group.fused_in_place += 1
-    return out
+    return flat, buf, out
