@@ -43,3 +43,13 @@ def test_fusion_benchmark_measures_every_case(tmp_path):
     assert set(results["results"]["2"]) == {"store_per_key", "store_fused", "store_fused_views",
                                             "mpi_per_key", "mpi_one_buffer", "horovod"}
     assert "fused (one buffer) speed-up over key by key" in table
+
+
+def test_allreduce_benchmark_measures_every_peer_and_algorithm(tmp_path):
+    table, results = run_bench("allreduce", tmp_path, "--sizes-mb", 0.5, "--ranks", 2,
+                               "--repeats", 2, "--warmup", 1, "--rounds", 1)
+    cols = set(results["2"]["times"]["0.5"])
+    assert {"memory_copy", "memory_add", "ompi_default", "ompi_tuned", "horovod", "alg_mpi",
+            "alg_ring", "alg_shm", "alg_hierarchical", "store"} <= cols, cols
+    assert results["2"]["selected"]["0.5"][0] in ("mpi", "ring", "shm")
+    assert "## Targets (same run)" in table and "GB/s" in table

@@ -1,10 +1,14 @@
 """What the benchmarks share: timing a call on every rank, running a job, bar charts."""
 from __future__ import annotations
 
+import json
+import logging
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+log = logging.getLogger("kvhybrid.bench")
 
 
 def timed(fn: Callable[[], None], repeats: int, warmup: int, barrier) -> List[float]:
@@ -33,6 +37,33 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, what: st
     if proc.returncode != 0:
         raise SystemExit(f"{bench}: {what} failed (exit {proc.returncode}):\n"
                          f"{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def footer(module: str) -> List[str]:
+    """The lines that end every table: the command that reproduces it, and the machine."""
+    import os
+    import socket
+    import sys
+    return [f"Command: `python -m kvhybrid.bench.{module} {' '.join(sys.argv[1:])}`",
+            f"Machine: {os.cpu_count()} cores, {socket.gethostname()}."]
+
+
+def save_worker_result(result: Optional[dict], path: str) -> None:
+    """A job's rank 0 writes what it measured (the other ranks return nothing)."""
+    if result:
+        with open(path, "w") as f:
+            json.dump(result, f)
+
+
+def write_outputs(out_dir: str, name: str, table: str, results, plot: Callable) -> None:
+    """``name``.md, .json and .png into ``out_dir``; the table is printed too."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(table)
+    (out / f"{name}.json").write_text(json.dumps(results))
+    plot(results, out / f"{name}.png")
+    print(table)
+    log.info("%s: wrote %s/%s.{md,json,png}", name, out, name)
 
 
 def grouped_bars(ax, groups: Sequence[str], series: Mapping[str, Sequence[float]]) -> None:

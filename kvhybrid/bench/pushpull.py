@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from .common import timed
+from .common import footer, save_worker_result, timed, write_outputs
 
 log = logging.getLogger("kvhybrid.bench")
 
@@ -287,9 +287,8 @@ def report(results: Dict, args) -> str:
                           f"{ratio('dist_sync_push_pull')} | {ratio('horovod_allreduce')} |")
     env_text = "; ".join(f"`{v}`: {' '.join(f'{k}={x}' for k, x in e.items()) or 'as is'}"
                          for v, e in VARIANTS.items() if v in med)
-    lines += ratios + ["", f"Environments: {env_text}. mpirun without tuning flags.",
-                       f"Command: `python -m kvhybrid.bench.pushpull {' '.join(sys.argv[1:])}`",
-                       f"Machine: {os.cpu_count()} cores, {socket.gethostname()}."]
+    lines += ratios + ["", f"Environments: {env_text}. mpirun without tuning flags."] \
+        + footer("pushpull")
     return "\n".join(lines) + "\n"
 
 
@@ -336,21 +335,11 @@ def main(argv=None) -> None:
     if args.ranks < 2:
         p.error("--ranks must be at least 2")
     if args.worker:
-        result = WORKERS[args.worker](args.sizes_mb, args.repeats, args.warmup)
-        if result:
-            with open(args.result, "w") as f:
-                json.dump(result, f)
+        save_worker_result(WORKERS[args.worker](args.sizes_mb, args.repeats, args.warmup), args.result)
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results = measure(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = report(results, args)
-    (out / "pushpull.md").write_text(table)
-    (out / "pushpull.json").write_text(json.dumps(results))
-    plot(results, out / "pushpull.png")
-    print(table)
-    log.info("pushpull: wrote %s/pushpull.{md,json,png}", out)
+    write_outputs(args.out, "pushpull", report(results, args), results, plot)
 
 
 if __name__ == "__main__":
