@@ -24,18 +24,36 @@ STEPS, PER_DEVICE = 4, 3
 SHAPES = [(2, 1, 1, 0, "gluon"), (2, 2, 1, 0, "gluon"), (4, 1, 1, 0, "gluon"),
           (4, 2, 1, 0, "gluon"), (4, 1, 2, 2, "gluon"), (4, 2, 4, 2, "gluon"),
           (4, 1, 1, 1, "gluon"), (3, 2, 1, 0, "fused")]
+# the model's keys are small, so auto sums them with MPI's call: these force the others
+# (hierarchical over two emulated hosts of 2 ranks)
+SHAPES += [(3, 1, 1, 0, "gluon", "ring"), (4, 1, 1, 0, "gluon", "shm"),
+           (4, 2, 1, 0, "fused", "hierarchical")]
 
 
-@pytest.fixture(scope="module", params=SHAPES,
-                ids=lambda s: f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers-{s[4]}")
+def _id(s) -> str:
+    return f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers-{s[4]}" + \
+        (f"-{s[5]}" if len(s) > 5 else "")
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=_id)
 def job(request, tmp_path_factory):
-    ranks, ndev, clients, servers, trainer = request.param
-    out = tmp_path_factory.mktemp(f"eq-{ranks}-{ndev}-{clients}-{servers}-{trainer}")
+    ranks, ndev, clients, servers, trainer = request.param[:5]
+    algorithm = request.param[5] if len(request.param) > 5 else "auto"
+    out = tmp_path_factory.mktemp(f"eq-{_id(request.param)}")
     args = [out, ndev, STEPS, PER_DEVICE]
     if servers == 0:
-        result = run_job(ranks, "train_equivalence.py", args, timeout=300,
-                         env={"KVHYBRID_TEST_FUSED": "1"} if trainer == "fused" else None)
+        env = {"KVHYBRID_ALLREDUCE": algorithm,
+               "KVHYBRID_EMULATE_NODE_SIZE": "2" if algorithm == "hierarchical" else "0"}
+        if trainer == "fused":
+            env["KVHYBRID_TEST_FUSED"] = "1"
+        result = run_job(ranks, "train_equivalence.py", args, timeout=300, env=env)
         assert result.returncode == 0, result.output[-4000:]
+        if algorithm != "auto":  # the forced algorithm summed every dense key
+            others = [a for a in ("mpi", "ring", "shm", "hierarchical") if a != algorithm]
+            calls = re.findall(r"calls by algorithm (\{[^}]*\})", result.output)
+            assert len(calls) == 4 * ranks, result.output[-4000:]
+            for c in map(eval, calls):
+                assert c[algorithm] > 0 and not any(c[a] for a in others), c
         if trainer == "fused":   # one fused allreduce per step (and per training) on every rank
             assert result.output.count(f"fused allreduces {STEPS}") == 4 * ranks, result.output
             # without an optimizer on the store, gradients are summed where backward wrote them

@@ -64,7 +64,10 @@ class Algorithms:
     @property
     def topology(self) -> Topology:
         if self._topology is None:
-            self._topology = Topology.of(self.group.MPI, self.group.comm, self.emulate_node_size)
+            group = self.group
+            with group.watchdog.waiting(f"the ranks of group {group.name} to map which of them "
+                                        "share a host (first large allreduce)"):
+                self._topology = Topology.of(group.MPI, group.comm, self.emulate_node_size)
         return self._topology
 
     def candidates(self) -> List[str]:

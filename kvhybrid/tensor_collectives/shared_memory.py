@@ -23,7 +23,9 @@ CHUNK_BYTES = 1 << 20
 
 
 class SharedMemoryAllreduce:
-    """Collective to build (allocates the window on ``node``); reused for every call."""
+    """Collective to build (allocates the window on ``node``); reused for every call. The
+    window is never freed before MPI_Finalize: freeing is collective, and a close that
+    only some ranks reach must not block."""
 
     def __init__(self, node, MPI, chunk_bytes: Optional[int] = None):
         self.node, self.MPI = node, MPI
@@ -77,7 +79,3 @@ class SharedMemoryAllreduce:
             for i in range(size):
                 part[bounds[i]:bounds[i + 1]] = slots[i][bounds[i]:bounds[i + 1]]
             self._generation ^= 1
-
-    def close(self) -> None:
-        self._slots, self._typed = [], {}
-        self.win.Free()

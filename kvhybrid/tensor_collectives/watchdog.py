@@ -115,6 +115,9 @@ class Watchdog:
         (the MXNet engine) are timed but not numbered. ``timeout`` replaces the
         group's for this wait, and ``hint`` the advice given when it expires.
         """
+        if self._what is not None:  # inside another wait: its guard already covers this one
+            yield
+            return
         if collective:
             self._seq += 1
             if self._board:

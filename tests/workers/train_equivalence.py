@@ -42,5 +42,6 @@ for combo in combos.split(","):
     assert trainer._update_on_kvstore == uok, trainer._update_on_kvstore
     np.savez(os.path.join(out_dir, f"{model}-uok{int(uok)}-rank{rank}.npz"), **weights(net))
     print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f} "
-          f"fused allreduces {kv.group.fused_calls} in place {kv.group.fused_in_place}", flush=True)
+          f"fused allreduces {kv.group.fused_calls} in place {kv.group.fused_in_place} "
+          f"calls by algorithm {kv.group.algorithms.calls}", flush=True)
     kv.close()
