@@ -290,30 +290,34 @@ def report(results: Dict, args) -> str:
 
 
 def plot(results: Dict, path: Path) -> None:
-    """Bus bandwidth against key size per rank count (as MXNET-MPI's Figs. 17-19)."""
+    """Time per call against key size, one panel per rank count (as MXNET-MPI's Figs. 17-19)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     med = medians(results)
-    fig, axes = plt.subplots(1, len(med), figsize=(6.2 * len(med), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(med), figsize=(6.2 * len(med), 4.6), squeeze=False)
+    palette = iter([c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 3])  # red: store
+    colors = {c: ("#d62728" if c == "store" else "black" if c.startswith("memory") else next(palette))
+              for c in COLUMNS}
     for ax, (ranks, sizes) in zip(axes[0], med.items()):
         xs = sorted(sizes, key=float)
         for col, label in COLUMNS.items():
             if not all(col in sizes[s] for s in xs):
                 continue
-            ys = [bus_gbs(float(s), int(ranks), sizes[s][col]) for s in xs]
-            style = dict(lw=3, color="#d62728") if col == "store" else \
-                dict(ls="--", color="black" if col == "memory_add" else "grey") \
-                if col.startswith("memory") else dict(lw=1.2)
-            ax.plot([float(s) for s in xs], ys, marker="o", label=label.strip("*"), **style)
+            style = dict(lw=3.2, zorder=5) if col == "store" else \
+                dict(ls=":" if col == "memory_copy" else "--", lw=1.2) if col.startswith("memory") \
+                else dict(lw=1.3)
+            ax.plot([float(s) for s in xs], [sizes[s][col] for s in xs], marker="o",
+                    label=label.strip("*"), color=colors[col], **style)
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xticks([float(s) for s in xs], [f"{float(s):g}" for s in xs])
-        ax.set_xlabel("key size (MB)")
-        ax.set_ylabel("bus bandwidth (GB/s, higher is better)")
+        ax.set_xlabel("key size (MB, float32)")
+        ax.set_ylabel("ms per allreduce (median, lower is better)")
         ax.set_title(f"{ranks} ranks on {os.cpu_count()} cores")
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="best")
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=7, loc="upper left")
     save_figure(fig, path)
 
 
