@@ -8,8 +8,8 @@ the variable and a value that would work.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
-from typing import Mapping, Optional
+from dataclasses import dataclass, field, fields
+from typing import Dict, Mapping, Optional
 
 from .errors import ConfigError
 
@@ -43,6 +43,29 @@ def _parse_algorithm(name: str, raw: str) -> str:
     if value != "auto" and value not in ALGORITHMS:
         raise ConfigError(f"{name}={raw!r} is not an allreduce algorithm: set it to auto or one "
                           f"of {', '.join(ALGORITHMS)}")
+    return value
+
+
+def _parse_routes(name: str, raw: str) -> Dict[str, str]:
+    from .kvstore.routing import ROUTES
+    routes = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, sep, route = (x.strip() for x in item.partition("="))
+        if not sep or not key or route not in ROUTES:
+            raise ConfigError(f"{name}={raw!r}: {item!r} is not key=route; write e.g. "
+                              f"{name}=embedding0_weight=dense,3=servers with a route out of "
+                              f"{', '.join(ROUTES)}")
+        routes[key] = route
+    return routes
+
+
+def _parse_positive(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be a number > 0, e.g. {name}=1")
     return value
 
 
@@ -86,6 +109,12 @@ class StoreConfig:
     #: KVHYBRID_EMULATE_NODE_SIZE: treat every k consecutive ranks of a host as one
     #: host, to exercise the multi-host algorithms on one machine; 0: real hosts.
     emulate_node_size: int = 0
+    #: KVHYBRID_ROUTES: force where a row_sparse key's gradients go, by key or
+    #: Parameter name: "embedding0_weight=dense,3=servers" (routes: servers, rows, dense).
+    routes: Dict[str, str] = field(default_factory=dict)
+    #: KVHYBRID_AR_EFFICIENCY: how many times faster a byte moves by allreduce than
+    #: through the servers, in the routing model (kvstore/routing.py); 1: Table 3 as is.
+    ar_efficiency: float = 1.0
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
@@ -101,6 +130,8 @@ class StoreConfig:
         "fusion_threshold": ("KVHYBRID_FUSION_THRESHOLD", _parse_count),
         "allreduce": ("KVHYBRID_ALLREDUCE", _parse_algorithm),
         "emulate_node_size": ("KVHYBRID_EMULATE_NODE_SIZE", _parse_count),
+        "routes": ("KVHYBRID_ROUTES", _parse_routes),
+        "ar_efficiency": ("KVHYBRID_AR_EFFICIENCY", _parse_positive),
         "num_servers": ("DMLC_NUM_SERVER", _parse_count),
         "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }
@@ -109,11 +140,11 @@ class StoreConfig:
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "StoreConfig":
         env = os.environ if environ is None else environ
         values = {}
-        for field in fields(cls):
-            name, parse = cls._ENV[field.name]
+        for setting in fields(cls):
+            name, parse = cls._ENV[setting.name]
             raw = env.get(name)
             if raw is not None and raw.strip() != "":
-                values[field.name] = parse(name, raw)
+                values[setting.name] = parse(name, raw)
         if values.get("num_servers", 0) == 0 or env.get("DMLC_ROLE") != "worker":
             values["num_clients"] = 1  # DMLC_NUM_WORKER counts ps-lite workers, if any
         elif values.get("num_clients", 1) < 1:

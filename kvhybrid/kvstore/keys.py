@@ -38,6 +38,9 @@ class KeySlot:
     grad: Optional[NDArray] = None      # reduction buffer for push with an optimizer
     sparse_weight: bool = False         # initialised with a row_sparse table (SparseEmbedding)
     rows_on_servers: bool = False       # its rows live on the parameter servers (see sparse.py)
+    route: Optional[str] = None         # a row_sparse key's route, decided at its first push
+    alpha_sum: float = 0.0              # rows touched / rows, summed over this rank's pushes
+    alpha_steps: int = 0
 
     count: int = field(init=False)      # elements in the key
     spec: str = field(init=False)       # "shape (2, 3) float32", for signatures and errors
@@ -45,6 +48,11 @@ class KeySlot:
     def __post_init__(self):
         self.count = math.prod(self.shape)
         self.spec = f"shape {self.shape} {self.dtype.name}"
+
+    @property
+    def alpha(self) -> float:
+        """Parallax's α as this rank saw it: the mean fraction of rows a push touched."""
+        return self.alpha_sum / self.alpha_steps if self.alpha_steps else 0.0
 
     def grad_buffer(self) -> NDArray:
         if self.grad is None:

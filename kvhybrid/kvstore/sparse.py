@@ -47,6 +47,13 @@ def row_sparse(rows, ids: np.ndarray, shape, ctx, dtype) -> NDArray:
     return mx.nd.sparse.row_sparse_array((rows, ids), shape=shape, ctx=ctx, dtype=dtype)
 
 
+def count_rows(slot: KeySlot, arrays: Sequence[NDArray]) -> None:
+    """Add this push's α (distinct rows this worker touched ÷ rows) to the key's tally."""
+    ids = np.concatenate([np.asarray(a.indices.asnumpy()) for a in arrays])
+    slot.alpha_sum += len(np.unique(ids)) / slot.shape[0]
+    slot.alpha_steps += 1
+
+
 # -- push --------------------------------------------------------------------------------
 def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], group: Group,
                   updater) -> None:

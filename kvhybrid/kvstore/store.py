@@ -45,7 +45,7 @@ from ..tensor_collectives import Group, allreduce_array, broadcast_array
 from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
 from ..tensor_collectives.ndarray_view import ViewCache
 from ..tensor_collectives.ops import copy_to_all, reduce_local
-from . import sparse
+from . import routing, sparse
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec, zeros
 from .servers import ServerLink, server_link
@@ -139,6 +139,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._fusion = FusionBuffer()
         self._views = ViewCache()
         self._memo: Dict[tuple, CheckedCall] = {}   # checked pushpull calls (_checked_call)
+        self._param_names: Dict[Key, str] = {}      # Gluon's key index -> Parameter name
         self._closed = False
         # With parameter servers, the group's master is a ps-lite worker; with several client
         # groups, dense keys are summed across groups through the servers.
@@ -436,6 +437,13 @@ class HybridMPIStore(mx.kv.KVStore):
             self._sum_and_update(k, slot, value_k, target)
 
     def _push_rows(self, key: Key, slot: KeySlot, arrays) -> None:
+        sparse.count_rows(slot, arrays)
+        if slot.route is None:
+            slot.route = self._choose_route(key, slot)
+        if slot.route == "dense":  # the whole gradient, summed like a dense key's
+            target = slot.grad_buffer() if self._updater is not None else slot.value
+            self._sum_and_update(key, slot, [a.tostype("default") for a in arrays], target)
+            return
         if not slot.rows_on_servers and sparse.rows_live_on_servers(
                 slot, self.config.num_servers, self._cross):
             # A dense weight's first row_sparse gradient: its rows move to the servers, as a
@@ -448,6 +456,69 @@ class HybridMPIStore(mx.kv.KVStore):
             sparse.push_to_servers(key, slot, arrays, self.group, self._servers)
         else:
             sparse.push_in_group(key, slot, arrays, self.group, self._updater)
+
+    # -- routing row_sparse keys (Parallax §3.1; kvstore/routing.py) ---------------------------
+    def _choose_route(self, key: Key, slot: KeySlot) -> str:
+        """A row_sparse key's route, at its first push (before any optimizer state exists):
+        forced by KVHYBRID_ROUTES, else by the group's α at this push and Table 3. With
+        several client groups the groups cannot agree on a measured α, so only a forced
+        route changes the default there."""
+        default = "servers" if sparse.rows_live_on_servers(slot, self.config.num_servers,
+                                                           self._cross) else "rows"
+        self._check_forced_routes()
+        forced = self._forced_route(key)
+        if forced is not None:
+            if forced not in (default, "dense"):
+                raise KeyValueError(f"KVHYBRID_ROUTES sends key {key!r} to {forced!r}, which this "
+                                    f"job cannot: its routes are {default!r} and 'dense'")
+            if forced == "dense" and self._cross:
+                raise KeyValueError(f"KVHYBRID_ROUTES sends row_sparse key {key!r} dense, which "
+                                    "needs one client group: drop it or run one group")
+            route, text = forced, f"key {key!r}: {forced} (forced by KVHYBRID_ROUTES)"
+        elif self._cross:
+            route, text = default, (f"key {key!r}: {default} (α={slot.alpha:.3f} on this rank; "
+                                    "several client groups: set KVHYBRID_ROUTES to change it)")
+        else:
+            with self.group.watchdog.waiting(f"the ranks to measure α of key {key!r}"):
+                alpha = self.group.comm.allreduce(slot.alpha) / self.group.size
+            decision = routing.decide(alpha, slot.count * slot.dtype.itemsize, self.group.size,
+                                      servers=default == "servers",
+                                      ar_efficiency=self.config.ar_efficiency)
+            route, text = decision.route, decision.describe(key)
+        if self.group.rank == 0:
+            log.info("route of row_sparse %s", text)
+        if route == "dense":
+            self._hold_table(key, slot)
+        return route
+
+    def _hold_table(self, key: Key, slot: KeySlot) -> None:
+        """Every rank keeps the whole table from now on (it may live on the servers)."""
+        if slot.rows_on_servers:
+            if slot.value is None:
+                slot.value = zeros(slot.shape, mx.cpu(), slot.dtype)
+            sparse.pull_whole_table(key, slot, slot.value, self.group, self._servers)
+            slot.rows_on_servers = False
+        self._memo.clear()
+
+    def _forced_route(self, key: Key) -> Optional[str]:
+        routes = self.config.routes
+        return routes.get(str(key), routes.get(self._param_names.get(key, "")))
+
+    def _check_forced_routes(self) -> None:
+        known = {str(k) for k in self._slots} | set(self._param_names.values())
+        unknown = sorted(set(self.config.routes) - known)
+        if unknown:
+            keys = ", ".join(sorted(map(str, self._slots)))
+            raise KeyValueError(f"KVHYBRID_ROUTES names {', '.join(map(repr, unknown))}, which "
+                                f"this store does not hold: use its keys ({keys}) or Parameter "
+                                "names")
+
+    def key_stats(self) -> Dict[Key, Dict[str, object]]:
+        """Per row_sparse key pushed so far: rows, pushes, α as this rank saw it (rows
+        touched ÷ rows, averaged over its pushes), and the route its gradients take."""
+        return {k: {"name": self._param_names.get(k, str(k)), "rows": s.shape[0],
+                    "pushes": s.alpha_steps, "alpha": s.alpha, "route": s.route}
+                for k, s in self._slots.items() if s.alpha_steps}
 
     @_unrecorded
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
@@ -558,6 +629,7 @@ class HybridMPIStore(mx.kv.KVStore):
             return None, f"set_optimizer({_optimizer_text(optimizer)})"
 
         self._check("set_optimizer", build)
+        self._param_names = {i: p.name for i, p in getattr(optimizer, "param_dict", {}).items()}
         self._set_updater(mx.optimizer.get_updater(optimizer))
         if self.config.num_servers:  # the servers update the keys whose values they hold
             took = self._servers.set_optimizer(optimizer) if self._servers else True
@@ -634,6 +706,11 @@ class HybridMPIStore(mx.kv.KVStore):
         """Stop the watchdog and drop the store's arrays (idempotent)."""
         if not self._closed:
             self._closed = True
+            stats = self.key_stats()
+            if stats and self.group.rank == 0:
+                log.info("row_sparse keys (α as rank 0 saw it): %s", "; ".join(
+                    f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "
+                    f"{v['pushes']} pushes, route {v['route']}" for k, v in stats.items()))
             self._servers = None  # the process's server link stays for later stores
             self.group.close()
             self._slots.clear()

@@ -32,4 +32,5 @@ sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs,
 assert trainer._update_on_kvstore, "Gluon updates on the store for distributed sparse models"
 np.savez(os.path.join(out_dir, f"{kind}-rank{rank}.npz"), **trained_weights(net))
 print(f"rank {rank}: bytes sent {kv.group.bytes_sent}", flush=True)
+print(f"rank {rank}: key stats {kv.key_stats()}", flush=True)
 kv.close()
