@@ -69,6 +69,18 @@ def _parse_positive(name: str, raw: str) -> float:
     return value
 
 
+def _parse_partitions(name: str, raw: str) -> int:
+    from .kvstore.servers import MAX_PARTITIONS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_PARTITIONS:
+        raise ConfigError(f"{name}={raw!r}: a table is split into 1 to {MAX_PARTITIONS} pieces; "
+                          f"set e.g. {name}=4 (1: no split)")
+    return value
+
+
 def _parse_count(name: str, raw: str) -> int:
     try:
         value = int(raw)
@@ -115,6 +127,9 @@ class StoreConfig:
     #: KVHYBRID_AR_EFFICIENCY: how many times faster a byte moves by allreduce than
     #: through the servers, in the routing model (kvstore/routing.py); 1: Table 3 as is.
     ar_efficiency: float = 1.0
+    #: KVHYBRID_PARTITIONS: pieces (row ranges, each its own server key) a row_sparse
+    #: table on the parameter servers is split into (Parallax's P; see partition_tuner.py).
+    partitions: int = 1
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
@@ -132,6 +147,7 @@ class StoreConfig:
         "emulate_node_size": ("KVHYBRID_EMULATE_NODE_SIZE", _parse_count),
         "routes": ("KVHYBRID_ROUTES", _parse_routes),
         "ar_efficiency": ("KVHYBRID_AR_EFFICIENCY", _parse_positive),
+        "partitions": ("KVHYBRID_PARTITIONS", _parse_partitions),
         "num_servers": ("DMLC_NUM_SERVER", _parse_count),
         "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }

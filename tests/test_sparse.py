@@ -19,21 +19,29 @@ STEPS, PER_DEVICE = 4, 5
 # (workers, devices per worker, client groups, servers): pure MPI, one group with a server,
 # two groups, pure PS (a group per worker)
 SHAPES = [(2, 1, 1, 0), (4, 2, 1, 0), (4, 1, 1, 1), (4, 1, 2, 2), (4, 1, 4, 2)]
+# tables split into 3 pieces on the servers (KVHYBRID_PARTITIONS): one group with a server,
+# and two groups with two servers (each piece split over both)
+SHAPES += [(4, 1, 1, 1, 3), (4, 1, 2, 2, 3)]
 KINDS = ["grad", "weight"]
 
 
-@pytest.fixture(scope="module", params=SHAPES,
-                ids=lambda s: f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers")
+def _id(s) -> str:
+    return f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers" + \
+        (f"-{s[4]}pieces" if len(s) > 4 else "")
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=_id)
 def sparse_job(request, tmp_path_factory):
-    ranks, ndev, clients, servers = request.param
-    out = tmp_path_factory.mktemp(f"sparse-{ranks}-{ndev}-{clients}-{servers}")
+    ranks, ndev, clients, servers = request.param[:4]
+    env = {"KVHYBRID_PARTITIONS": str(request.param[4])} if len(request.param) > 4 else None
+    out = tmp_path_factory.mktemp(f"sparse-{_id(request.param)}")
     for kind in KINDS:   # one store per process with servers: one job per model
         args = [out, ndev, STEPS, PER_DEVICE, kind]
         if servers == 0:
             r = run_job(ranks, "train_sparse.py", args, timeout=240)
         else:
             r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],
-                             "train_sparse.py", args, timeout=240)
+                             "train_sparse.py", args, timeout=240, env=env)
         assert r.returncode == 0, r.output[-4000:]
     return ranks, ndev, out
 

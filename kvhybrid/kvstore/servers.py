@@ -40,8 +40,33 @@ INT_KEY_LIMIT = 1 << 15
 #: str keys get ids from here up; optimizer probes count down from PROBE_KEY_TOP
 STR_KEY_BASE = INT_KEY_LIMIT
 PROBE_KEY_TOP = (1 << 16) - 1
-#: the row_sparse copy of a key lives at ROWS_KEY_BASE + the key's id
+#: the row_sparse copy of a key lives at ROWS_KEY_BASE + the key's id (its first piece)
 ROWS_KEY_BASE = 1 << 16
+#: piece i >= 1 of a partitioned table lives at PIECES_KEY_BASE + (i - 1) * PIECE_STRIDE +
+#: the table's compact id (below PIECE_STRIDE: int keys below 2048, and the first 2048 str
+#: keys), so that every piece key stays below the 215,329 limit above.
+PIECE_STRIDE = 1 << 12
+PIECES_KEY_BASE = 1 << 17
+MAX_PARTITIONS = 1 + ((2 ** 31 // 9973) - PIECES_KEY_BASE) // PIECE_STRIDE   # 21
+
+
+def piece_key(index: int, piece: int) -> Optional[int]:
+    """The ps-lite key of piece ``piece`` of the table whose key id is ``index``; None when
+    the id has no room for pieces (a key that cannot be split)."""
+    if piece == 0:
+        return ROWS_KEY_BASE + index
+    half = PIECE_STRIDE // 2
+    compact = index if index < half else \
+        half + index - STR_KEY_BASE if STR_KEY_BASE <= index < STR_KEY_BASE + half else None
+    if compact is None:
+        return None
+    return PIECES_KEY_BASE + (piece - 1) * PIECE_STRIDE + compact
+
+
+def piece_bounds(rows: int, pieces: int) -> np.ndarray:
+    """First row of each of ``pieces`` row ranges, and ``rows``: piece i is
+    ``[bounds[i], bounds[i + 1])``."""
+    return np.array([i * rows // pieces for i in range(pieces + 1)], dtype=np.int64)
 
 
 def scheduler_address() -> str:
@@ -81,6 +106,7 @@ class ServerLink:
                                    "KVHYBRID_CONNECT_TIMEOUT"):
             self._kv = mx.kv.create(mode)
         self._ids: Dict[Key, int] = {}
+        self._bounds: Dict[Key, np.ndarray] = {}   # row ranges of each table's pieces
         self._probes = 0  # probe keys count down from PROBE_KEY_TOP
 
     @property
@@ -114,40 +140,68 @@ class ServerLink:
                                 f"{PROBE_KEY_TOP - STR_KEY_BASE - self._probes} str keys per "
                                 "process: use int keys")
 
-    def _rows_id(self, key: Key) -> int:
+    def _rows_index(self, key: Key) -> int:
         if key not in self._ids:  # a key seen first here (a sparse weight) takes its id now
             self._ids[key] = self._next_id(key)
-        return ROWS_KEY_BASE + self._ids[key]
+        return self._ids[key]
 
-    def init_rows(self, key: Key, value: NDArray) -> None:
-        """Put the table ``value`` (dense, every row) on the servers as a row_sparse key;
-        ps-lite rank 0's table wins. Every row is sent, zero rows included: the servers
-        store the rows of an init in the order they arrive and abort on an empty one."""
-        kid = self._rows_id(key)
-        rows = value.shape[0]
-        full = mx.nd.sparse.row_sparse_array(
-            (value, mx.nd.arange(rows, ctx=value.context, dtype="int64")),
-            shape=value.shape, ctx=value.context, dtype=value.dtype)
-        with self._dog.waiting(lambda: f"the other client groups to init the rows of key {key!r} "
-                                       "on the parameter servers", collective=False):
-            self._kv.init(kid, full)   # blocks until every master has called it
+    def init_rows(self, key: Key, value: NDArray, pieces: int = 1) -> None:
+        """Put the table ``value`` (dense, every row) on the servers as ``pieces`` row_sparse
+        keys of consecutive row ranges (Parallax's partitions); ps-lite rank 0's table wins.
+        Every row is sent, zero rows included: the servers store the rows of an init in the
+        order they arrive and abort on an empty one."""
+        index = self._rows_index(key)
+        if pieces > 1 and piece_key(index, 1) is None:
+            raise KeyValueError(f"key {key!r} cannot be split into pieces on the servers (only "
+                                f"int keys below {PIECE_STRIDE // 2} and the first "
+                                f"{PIECE_STRIDE // 2} str keys can): set KVHYBRID_PARTITIONS=1")
+        bounds = self._bounds[key] = piece_bounds(value.shape[0], pieces)
+        for i in range(pieces):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            part = mx.nd.sparse.row_sparse_array(
+                (value[lo:hi], mx.nd.arange(hi - lo, ctx=value.context, dtype="int64")),
+                shape=(hi - lo,) + tuple(value.shape[1:]), ctx=value.context, dtype=value.dtype)
+            with self._dog.waiting(lambda: f"the other client groups to init the rows of key "
+                                           f"{key!r} on the parameter servers", collective=False):
+                self._kv.init(piece_key(index, i), part)   # blocks until every master has
 
-    def push_rows(self, key: Key, rows: NDArray) -> None:
-        """Push a row_sparse array (the group's summed gradient rows; may have no rows).
-        ps-lite reuses the pushed array as its pull buffer: do not read it afterwards."""
-        self._kv.push(self._rows_id(key), rows)
+    def _pieces(self, key: Key, ids: np.ndarray):
+        """(piece, its first row, the slice of the sorted ``ids`` that fall in it)."""
+        bounds = self._bounds[key]
+        cuts = np.searchsorted(ids, bounds)
+        for i in range(len(bounds) - 1):
+            yield i, int(bounds[i]), slice(int(cuts[i]), int(cuts[i + 1]))
 
-    def pull_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> NDArray:
-        """The servers' current rows ``ids`` (sorted, unique, non-empty) of ``key``, as a
-        dense (len(ids), ...) array."""
-        out = mx.nd.sparse.zeros("row_sparse", shape, dtype=dtype)
-        self._kv.row_sparse_pull(self._rows_id(key), out=out,
-                                 row_ids=mx.nd.array(ids, dtype="int64"))
+    def push_rows(self, key: Key, ids: np.ndarray, rows: np.ndarray, shape, dtype) -> None:
+        """Push the group's summed gradient rows (sorted unique ``ids``; there may be none)
+        to every piece of the table: in sync mode the servers wait for every master's push
+        of every piece, so a piece this group did not touch gets an empty push."""
+        index, bounds = self._ids[key], self._bounds[key]
+        for i, first, part in self._pieces(key, ids):
+            n = int(bounds[i + 1]) - first
+            array = mx.nd.sparse.row_sparse_array(
+                (rows[part], ids[part] - first), shape=(n,) + tuple(shape[1:]), ctx=mx.cpu(),
+                dtype=dtype)
+            self._kv.push(piece_key(index, i), array)  # ps-lite reuses it: a new one each time
+
+    def pull_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> np.ndarray:
+        """The servers' current rows ``ids`` (sorted, unique, non-empty) of ``key``: only the
+        pieces that hold some of them are asked."""
+        index, bounds = self._ids[key], self._bounds[key]
+        outs = []
+        for i, first, part in self._pieces(key, ids):
+            if part.start == part.stop:
+                continue
+            n = int(bounds[i + 1]) - first
+            out = mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
+            self._kv.row_sparse_pull(piece_key(index, i), out=out,
+                                     row_ids=mx.nd.array(ids[part] - first, dtype="int64"))
+            outs.append(out)
         with self._dog.waiting(lambda: f"the parameter servers to return {len(ids)} rows of key "
                                        f"{key!r} (scheduler at {scheduler_address()})",
                                collective=False):
-            out.wait_to_read()
-        return out.data
+            parts = [o.data.asnumpy() for o in outs]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
     def init(self, key: Key, value: NDArray, out: NDArray) -> None:
         """Register ``key`` on the servers (ps-lite rank 0's value wins); pull it into ``out``."""
@@ -176,7 +230,7 @@ class ServerLink:
                                        f"(scheduler at {scheduler_address()})", collective=False):
             out.wait_to_read()
 
-    def set_optimizer(self, optimizer) -> bool:
+    def set_optimizer(self, optimizer, pieces: int = 1) -> bool:
         """Send the optimizer to the servers; False if they run without it.
 
         A server that cannot unpickle the optimizer (its module is not importable there)
@@ -190,7 +244,7 @@ class ServerLink:
         may come before other masters' pushes land: pull until the value moves (5 s at most).
         """
         with self._dog.waiting("the parameter servers to take the optimizer", collective=False):
-            self._kv.set_optimizer(self._for_servers(optimizer))
+            self._kv.set_optimizer(self._for_servers(optimizer, pieces))
         self._probes += 1
         kid = PROBE_KEY_TOP - self._probes
         probe = mx.nd.zeros((1,))
@@ -213,14 +267,16 @@ class ServerLink:
         return seen != [without, without]
 
     @staticmethod
-    def _for_servers(optimizer):
+    def _for_servers(optimizer, pieces: int = 1):
         """A copy whose multipliers are keyed by ps-lite key. MXNet drops ``param_dict``
         when it pickles an optimizer, so the servers of plain ``dist_sync`` ignore each
-        Parameter's ``lr_mult`` and ``wd_mult``; the copy carries them by index."""
+        Parameter's ``lr_mult`` and ``wd_mult``; the copy carries them by index, for the
+        dense key and for every piece of a table."""
         clone = copy.copy(optimizer)
         clone.lr_mult, clone.wd_mult = dict(optimizer.lr_mult), dict(optimizer.wd_mult)
         for index, param in optimizer.param_dict.items():
-            for kid in (index, ROWS_KEY_BASE + index):
+            for kid in [index] + [piece_key(index, i) for i in range(pieces)
+                                  if piece_key(index, i) is not None]:
                 clone.lr_mult[kid] = param.lr_mult
                 clone.wd_mult[kid] = param.wd_mult
         return clone

@@ -75,7 +75,7 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], group: G
         return
     ids, rows = sum_rows(ids, rows)
     group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
-    servers.push_rows(key, row_sparse(rows, ids, slot.shape, mx.cpu(), slot.dtype))
+    servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
 
 
 # -- pull --------------------------------------------------------------------------------
@@ -84,9 +84,8 @@ def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
     """The servers' whole table into ``into`` on every rank (``pull`` of a dense weight
     whose rows live on the servers: Gluon pulls all of it, as with MXNet's own stores)."""
     if servers is not None:
-        table = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
-                                  slot.dtype)
-        table.copyto(into)
+        into[:] = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
+                                    slot.dtype).reshape(into.shape)
     broadcast_array(into, 0, group, name=f"key {key!r} from the servers")
 
 
@@ -133,7 +132,7 @@ def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: Li
     parts = None
     if group.rank == 0:
         union = np.unique(np.concatenate(wanted))
-        table = (servers.pull_rows(key, union, slot.shape, slot.dtype).asnumpy() if len(union)
+        table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
                  else np.zeros((0,) + slot.shape[1:], slot.dtype))
         parts = [table[np.searchsorted(union, w)] for w in wanted]
     rows = scatter_rows(parts, slot.shape[1:], slot.dtype, len(mine), group,

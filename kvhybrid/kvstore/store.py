@@ -230,13 +230,20 @@ class HybridMPIStore(mx.kv.KVStore):
                 self._set_from_root(k, arrays[0])
 
     def _check_new_table(self, key: Key, value: mx.nd.NDArray) -> None:
-        rows = value.shape[0]
-        if rows < max(1, self.config.num_servers):
-            raise KeyValueError(f"row_sparse key {key!r} has {rows} rows, fewer than the "
-                                f"{self.config.num_servers} servers it is split across: give "
-                                "the table more rows, or use a dense parameter")
+        self._check_table_rows(key, value.shape[0])
         if self._servers is not None:
             self._servers.check_new(key)
+
+    def _check_table_rows(self, key: Key, rows: int) -> None:
+        """Every piece of a table on the servers is split across every server, so each
+        needs a row per server at least."""
+        servers, pieces = max(1, self.config.num_servers), self.config.partitions
+        if rows // pieces < servers:
+            fix = (f"set KVHYBRID_PARTITIONS to at most {rows // servers}" if rows >= servers
+                   else "give the table more rows, or use a dense parameter")
+            raise KeyValueError(f"row_sparse key {key!r} has {rows} rows: split into "
+                                f"{pieces} piece(s) over {self.config.num_servers} server(s), "
+                                f"some server would get none of a piece's rows; {fix}")
 
     def _init_table(self, key: Key, value: mx.nd.NDArray) -> None:
         """A sparse weight: rank 0's table, kept on the servers or by every rank."""
@@ -249,7 +256,7 @@ class HybridMPIStore(mx.kv.KVStore):
                 value.copyto(slot.value)
             broadcast_array(slot.value, 0, self.group, name=f"key {key!r}")
         elif self._servers is not None:
-            self._servers.init_rows(key, value.tostype("default"))
+            self._servers.init_rows(key, value.tostype("default"), self.config.partitions)
         self._slots[key] = slot
 
     @_unrecorded
@@ -448,8 +455,9 @@ class HybridMPIStore(mx.kv.KVStore):
                 slot, self.config.num_servers, self._cross):
             # A dense weight's first row_sparse gradient: its rows move to the servers, as a
             # row_sparse table (every group holds the same weight at this point).
+            self._check_table_rows(key, slot.shape[0])
             if self._servers is not None:
-                self._servers.init_rows(key, slot.value)
+                self._servers.init_rows(key, slot.value, self.config.partitions)
             slot.rows_on_servers = True
             self._memo.clear()   # checked pushpull calls of this key no longer hold
         if slot.rows_on_servers:
@@ -632,7 +640,8 @@ class HybridMPIStore(mx.kv.KVStore):
         self._param_names = {i: p.name for i, p in getattr(optimizer, "param_dict", {}).items()}
         self._set_updater(mx.optimizer.get_updater(optimizer))
         if self.config.num_servers:  # the servers update the keys whose values they hold
-            took = self._servers.set_optimizer(optimizer) if self._servers else True
+            took = (self._servers.set_optimizer(optimizer, self.config.partitions)
+                    if self._servers else True)
             with self.group.watchdog.waiting("the master to hand the optimizer to the servers"):
                 took = self.group.comm.bcast(took, root=0)
             if not took:
