@@ -21,6 +21,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+from . import tune
 from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
 from .mpirun import DEFAULT_ENV, MpiJob, build_command, find_mpirun, flavour, job_env
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
@@ -59,6 +60,13 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--no-mpi-tuning", action="store_true",
                    help="leave Open MPI's allreduce at its defaults (by default the launcher "
                         "hands it launch/ompi_allreduce_rules.conf: the segmented ring from 8 MB)")
+    p.add_argument("--tune-partitions", action="store_true",
+                   help="run the job a few times at different KVHYBRID_PARTITIONS, fit Parallax's "
+                        "model, remember the best for this job (later runs start with it)")
+    p.add_argument("--tune-samples", type=int, default=5, metavar="K",
+                   help="at most K settings sampled by --tune-partitions (default 5, at least 3)")
+    p.add_argument("--tune-out", metavar="DIR",
+                   help="write partitions_tuning.{md,png} (samples and fitted curve) into DIR")
     p.add_argument("--dry-run", action="store_true", help="print the table and commands, start nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
     args = p.parse_args(argv)
@@ -68,6 +76,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         p.error(f"--hostfile {args.hostfile}: no such file")
     if not args.command:
         p.error("missing the command to run, e.g. kvhybrid-launch -n 4 python train.py")
+    if args.tune_samples < 3:
+        p.error(f"--tune-samples must be at least 3 (the fit has 3 parameters), got "
+                f"{args.tune_samples}")
     if shutil.which(args.command[0]) is None and not os.path.isfile(args.command[0]):
         p.error(f"command {args.command[0]!r} not found")
     scripts = [c for c in args.command[1:2] if c.endswith(".py")]
@@ -203,15 +214,44 @@ class Job:
         return False
 
 
+def build_job(args, plan: JobPlan) -> "Job":
+    job = Job(plan, args.command, shlex.split(args.mpi_args), args.interface,
+              tune_mpi=not args.no_mpi_tuning)
+    job.port = free_port(args.launcher, plan.scheduler_host) if plan.num_servers else None
+    return job
+
+
+def run_once(args, plan: JobPlan) -> int:
+    job = build_job(args, plan)
+    rc = job.run(Supervisor())
+    if rc == 0:
+        log.info("the job finished")
+    else:
+        log.error("the job failed (exit code %d)", rc)
+    return rc
+
+
+def tune_partitions(args, plan: JobPlan, sig: str) -> int:
+    if not plan.num_servers:
+        log.error("--tune-partitions: partitions split row_sparse tables on the parameter "
+                  "servers, and this job has none: add --servers (or --auto --sparse)")
+        return 2
+
+    def run_job(env):
+        os.environ.update(env)
+        return run_once(args, plan)
+
+    from kvhybrid.kvstore.servers import MAX_PARTITIONS  # imports MXNet: only when tuning
+    start = tune.remembered(sig) or len(set(plan.server_hosts))
+    return tune.tune(run_job, sig, start, MAX_PARTITIONS, args.tune_samples, args.tune_out)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="kvhybrid-launch: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         plan = make_plan(args)
-        port = free_port(args.launcher, plan.scheduler_host) if plan.num_servers else None
-        job = Job(plan, args.command, shlex.split(args.mpi_args), args.interface,
-                  tune_mpi=not args.no_mpi_tuning)
-        job.port = port
+        job = build_job(args, plan)
     except (SizingError, HostError, FileNotFoundError, ValueError, OSError) as exc:
         print(f"kvhybrid-launch: error: {exc}", file=sys.stderr)
         return 2
@@ -220,12 +260,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("commands (the same job by hand):\n" + "\n".join(job.commands()), flush=True)
         shutil.rmtree(job.tmpdir, ignore_errors=True)
         return 0
-    rc = job.run(Supervisor())
-    if rc == 0:
-        log.info("the job finished")
-    else:
-        log.error("the job failed (exit code %d)", rc)
-    return rc
+    shutil.rmtree(job.tmpdir, ignore_errors=True)
+    sig = tune.signature(args.command, args.num_workers, plan.num_clients, plan.num_servers)
+    if args.tune_partitions:
+        return tune_partitions(args, plan, sig)
+    if plan.num_servers and not os.environ.get("KVHYBRID_PARTITIONS"):
+        tuned = tune.remembered(sig)
+        if tuned:
+            os.environ["KVHYBRID_PARTITIONS"] = str(tuned)
+            log.info("KVHYBRID_PARTITIONS=%d, from an earlier --tune-partitions of this job "
+                     "(%s)", tuned, tune.cache_path())
+    return run_once(args, plan)
 
 
 if __name__ == "__main__":
