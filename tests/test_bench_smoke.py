@@ -53,3 +53,13 @@ def test_allreduce_benchmark_measures_every_peer_and_algorithm(tmp_path):
             "alg_ring", "alg_shm", "alg_hierarchical", "store"} <= cols, cols
     assert results["2"]["selected"]["0.5"][0] in ("mpi", "ring", "shm")
     assert "## Targets (same run)" in table and "GB/s" in table
+
+
+def test_partitions_benchmark_sweeps_and_runs_the_tuner(tmp_path):
+    table, results = run_bench("partitions", tmp_path, "--workers", 2, "--servers", 1,
+                               "--sweep", 1, 2, "--rounds", 1, "--steps", 6, "--batch-size", 16)
+    assert {"1", "2"} <= set(results["sweep"])
+    tuner = results["tuner"]
+    assert 3 <= len(tuner["samples"]) <= 5 and str(tuner["partitions"]) in results["sweep"]
+    assert "Tuner: " in table and "the best P's" in table
+    assert (tmp_path / "partitions_tuning.png").stat().st_size > 10_000
