@@ -130,6 +130,9 @@ class StoreConfig:
     #: KVHYBRID_PARTITIONS: pieces (row ranges, each its own server key) a row_sparse
     #: table on the parameter servers is split into (Parallax's P; see partition_tuner.py).
     partitions: int = 1
+    #: KVHYBRID_STATS_FILE: rank 0 writes its step times and row_sparse key stats here
+    #: (JSON) when the store closes; kvhybrid-launch --tune-partitions reads it.
+    stats_file: str = ""
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
@@ -148,6 +151,7 @@ class StoreConfig:
         "routes": ("KVHYBRID_ROUTES", _parse_routes),
         "ar_efficiency": ("KVHYBRID_AR_EFFICIENCY", _parse_positive),
         "partitions": ("KVHYBRID_PARTITIONS", _parse_partitions),
+        "stats_file": ("KVHYBRID_STATS_FILE", lambda name, raw: raw.strip()),
         "num_servers": ("DMLC_NUM_SERVER", _parse_count),
         "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }

@@ -174,10 +174,13 @@ class ServerLink:
 
     def push_rows(self, key: Key, ids: np.ndarray, rows: np.ndarray, shape, dtype) -> None:
         """Push the group's summed gradient rows (sorted unique ``ids``; there may be none)
-        to every piece of the table: in sync mode the servers wait for every master's push
-        of every piece, so a piece this group did not touch gets an empty push."""
+        to the pieces of the table. In sync mode the servers wait for every master's push
+        of every piece, so a piece this group did not touch gets an empty push; in async
+        mode only the pieces touched are pushed."""
         index, bounds = self._ids[key], self._bounds[key]
         for i, first, part in self._pieces(key, ids):
+            if part.start == part.stop and self.mode == "dist_async":
+                continue
             n = int(bounds[i + 1]) - first
             array = mx.nd.sparse.row_sparse_array(
                 (rows[part], ids[part] - first), shape=(n,) + tuple(shape[1:]), ctx=mx.cpu(),

@@ -28,9 +28,11 @@ import atexit
 import ctypes
 import functools
 import hashlib
+import json
 import logging
 import os
 import tempfile
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -140,6 +142,8 @@ class HybridMPIStore(mx.kv.KVStore):
         self._views = ViewCache()
         self._memo: Dict[tuple, CheckedCall] = {}   # checked pushpull calls (_checked_call)
         self._param_names: Dict[Key, str] = {}      # Gluon's key index -> Parameter name
+        self._clock_key = None                      # the first key pushed: one push per step
+        self._ticks: List[float] = []
         self._closed = False
         # With parameter servers, the group's master is a ps-lite worker; with several client
         # groups, dense keys are summed across groups through the servers.
@@ -375,6 +379,7 @@ class HybridMPIStore(mx.kv.KVStore):
         the key is left as it was (no extra copy on the hot path).
         """
         self._open()
+        self._tick(key)
         call = self._checked_call(key, value, out)
         work = call.work
         if len(work) > 1 and not self._cross and self.config.fusion_threshold:
@@ -435,6 +440,7 @@ class HybridMPIStore(mx.kv.KVStore):
     def push(self, key, value, priority: int = 0) -> None:
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
         self._open()
+        self._tick(key)
         for k, value_k, _ in self._checked_pairs("push", key, value):
             slot = self._slots[k]
             if value_k[0].stype == "row_sparse":  # only the touched rows travel
@@ -520,6 +526,30 @@ class HybridMPIStore(mx.kv.KVStore):
             raise KeyValueError(f"KVHYBRID_ROUTES names {', '.join(map(repr, unknown))}, which "
                                 f"this store does not hold: use its keys ({keys}) or Parameter "
                                 "names")
+
+    def _tick(self, key) -> None:
+        """The step clock: a training loop pushes the same first key once per step."""
+        ident = _call_key(key)
+        if self._clock_key is None:
+            self._clock_key = ident
+        if ident == self._clock_key:
+            self._ticks.append(time.perf_counter())
+
+    def step_seconds(self) -> List[float]:
+        """Seconds between consecutive steps so far (one push of the first key per step)."""
+        return [b - a for a, b in zip(self._ticks, self._ticks[1:])]
+
+    def _write_stats(self) -> None:
+        """KVHYBRID_STATS_FILE: rank 0 writes step times and key stats (for the tuner)."""
+        path = self.config.stats_file
+        if not path or self.rank != 0:
+            return
+        stats = {"step_seconds": self.step_seconds(), "partitions": self.config.partitions,
+                 "workers": self.num_workers, "clients": self._num_clients,
+                 "servers": self.config.num_servers,
+                 "keys": {str(k): v for k, v in self.key_stats().items()}}
+        with open(path, "w") as f:
+            json.dump(stats, f)
 
     def key_stats(self) -> Dict[Key, Dict[str, object]]:
         """Per row_sparse key pushed so far: rows, pushes, α as this rank saw it (rows
@@ -715,6 +745,7 @@ class HybridMPIStore(mx.kv.KVStore):
         """Stop the watchdog and drop the store's arrays (idempotent)."""
         if not self._closed:
             self._closed = True
+            self._write_stats()
             stats = self.key_stats()
             if stats and self.group.rank == 0:
                 log.info("row_sparse keys (α as rank 0 saw it): %s", "; ".join(
