@@ -81,6 +81,26 @@ def _parse_partitions(name: str, raw: str) -> int:
     return value
 
 
+def _parse_fraction(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:
+        raise ConfigError(f"{name}={raw!r} must lie strictly between 0 and 1, e.g. {name}=0.5")
+    return value
+
+
+def _parse_interval(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r} must be a whole number of steps >= 1, e.g. {name}=64")
+    return value
+
+
 def _parse_count(name: str, raw: str) -> int:
     try:
         value = int(raw)
@@ -133,6 +153,11 @@ class StoreConfig:
     #: KVHYBRID_STATS_FILE: rank 0 writes its step times and row_sparse key stats here
     #: (JSON) when the store closes; kvhybrid-launch --tune-partitions reads it.
     stats_file: str = ""
+    #: KVHYBRID_ELASTIC_ALPHA: the elastic force α of hybrid-mpi-elastic, in (0, 1);
+    #: 0 (unset): EASGD's rule 0.9 / number of client groups.
+    elastic_alpha: float = 0.0
+    #: KVHYBRID_ELASTIC_INTERVAL: steps between a client group's exchanges with the center.
+    elastic_interval: int = 64
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
@@ -152,6 +177,8 @@ class StoreConfig:
         "ar_efficiency": ("KVHYBRID_AR_EFFICIENCY", _parse_positive),
         "partitions": ("KVHYBRID_PARTITIONS", _parse_partitions),
         "stats_file": ("KVHYBRID_STATS_FILE", lambda name, raw: raw.strip()),
+        "elastic_alpha": ("KVHYBRID_ELASTIC_ALPHA", _parse_fraction),
+        "elastic_interval": ("KVHYBRID_ELASTIC_INTERVAL", _parse_interval),
         "num_servers": ("DMLC_NUM_SERVER", _parse_count),
         "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }

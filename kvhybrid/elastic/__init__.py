@@ -1,5 +1,6 @@
-"""Elastic averaging SGD (mpi-ESGD) and the asynchronous modes (mpi-ASGD).
+"""Elastic averaging SGD (mpi-ESGD, MXNET-MPI §2.2): ``mx.kv.create('hybrid-mpi-elastic')``.
 
-Not built yet: the synchronous store in ``kvhybrid.kvstore`` is the base it
-will extend (see the project's issues).
+``center.py`` is the servers' half (Elastic1), ``client.py`` the clients' half
+(Elastic2), ``store.py`` the store that runs them every KVHYBRID_ELASTIC_INTERVAL steps.
+mpi-ASGD is ``hybrid-mpi-async`` (kvhybrid.kvstore).
 """

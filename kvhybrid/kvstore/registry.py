@@ -12,6 +12,9 @@ from .store import ASYNC_NAME, ASYNC_TYPE, NAME, TYPE, HybridMPIAsyncStore, Hybr
 
 
 def register() -> None:
+    from ..elastic.store import ELASTIC_NAME, ELASTIC_TYPE, HybridMPIElasticStore
+    for name in (ELASTIC_NAME, ELASTIC_TYPE):
+        KVStoreBase.kv_registry[name] = HybridMPIElasticStore
     for name in (NAME, TYPE):
         KVStoreBase.kv_registry[name] = HybridMPIStore
     for name in (ASYNC_NAME, ASYNC_TYPE):

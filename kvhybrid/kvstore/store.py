@@ -290,8 +290,12 @@ class HybridMPIStore(mx.kv.KVStore):
             slot = self._set_from_root(k, v[0])
             copy_to_all(slot.value, o)
 
+    def _dense_on_servers(self) -> bool:
+        """Whether dense keys also live on the servers (summed across client groups there)."""
+        return self._cross
+
     def _check_new_on_servers(self, key: Key) -> None:
-        if self._cross and self._servers is not None:
+        if self._dense_on_servers() and self._servers is not None:
             self._servers.check_new(key)
 
     def _set_from_root(self, key: Key, value: mx.nd.NDArray) -> KeySlot:
@@ -304,7 +308,7 @@ class HybridMPIStore(mx.kv.KVStore):
         if self.group.rank == 0:
             if value.size:  # MXNet's operators reject empty arrays
                 value.copyto(slot.value)
-            if self._cross:
+            if self._dense_on_servers():
                 self._servers.init(key, slot.value, slot.value)
         broadcast_array(slot.value, 0, self.group, name=f"key {key!r}")
         self._slots[key] = slot
@@ -670,7 +674,8 @@ class HybridMPIStore(mx.kv.KVStore):
         self._param_names = {i: p.name for i, p in getattr(optimizer, "param_dict", {}).items()}
         self._set_updater(mx.optimizer.get_updater(optimizer))
         if self.config.num_servers:  # the servers update the keys whose values they hold
-            took = (self._servers.set_optimizer(optimizer, self.config.partitions)
+            took = (self._servers.set_optimizer(self._server_optimizer(optimizer),
+                                                self.config.partitions)
                     if self._servers else True)
             with self.group.watchdog.waiting("the master to hand the optimizer to the servers"):
                 took = self.group.comm.bcast(took, root=0)
@@ -681,6 +686,10 @@ class HybridMPIStore(mx.kv.KVStore):
                     "gradients instead of updating weights: make its module importable on the "
                     "servers (on their PYTHONPATH; a class defined in the training script, "
                     "__main__, never is), or train with update_on_kvstore=False")
+
+    def _server_optimizer(self, optimizer):
+        """What the servers run on the values they hold: the Trainer's optimizer."""
+        return optimizer
 
     def _set_updater(self, updater) -> None:
         self._updater = updater
