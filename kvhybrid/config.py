@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional
 
 from .errors import ConfigError
 
@@ -26,15 +26,35 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean: set it to 1 or 0")
 
 
-def _parse_seconds(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number: set it to seconds > 0, "
-                          f"e.g. {name}=300") from None
-    if not value > 0:
-        raise ConfigError(f"{name}={raw!r} must be > 0 seconds, e.g. {name}=300")
-    return value
+def _number(kind, allowed: Callable, fix: Callable[[str], str]) -> Callable:
+    """A parser for a numeric setting: ``kind`` (int or float) converts, ``allowed(value)``
+    says whether the value works, ``fix(name)`` tells the user what to set."""
+    def parse(name: str, raw: str):
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a number: {fix(name)}") from None
+        if not allowed(value):
+            raise ConfigError(f"{name}={raw!r} is out of range: {fix(name)}")
+        return value
+    return parse
+
+
+def _max_partitions() -> int:
+    from .kvstore.servers import MAX_PARTITIONS
+    return MAX_PARTITIONS
+
+
+_parse_seconds = _number(float, lambda v: v > 0, lambda n: f"set it to seconds > 0, e.g. {n}=300")
+_parse_positive = _number(float, lambda v: v > 0, lambda n: f"set it to a number > 0, e.g. {n}=1")
+_parse_fraction = _number(float, lambda v: 0 < v < 1,
+                          lambda n: f"it must lie strictly between 0 and 1, e.g. {n}=0.5")
+_parse_interval = _number(int, lambda v: v >= 1,
+                          lambda n: f"set it to a whole number of steps >= 1, e.g. {n}=64")
+_parse_count = _number(int, lambda v: v >= 0, lambda n: "set it to an integer >= 0")
+_parse_partitions = _number(
+    int, lambda v: 1 <= v <= _max_partitions(),
+    lambda n: f"a table is split into 1 to {_max_partitions()} pieces; set e.g. {n}=4 (1: no split)")
 
 
 def _parse_algorithm(name: str, raw: str) -> str:
@@ -57,58 +77,6 @@ def _parse_routes(name: str, raw: str) -> Dict[str, str]:
                               f"{', '.join(ROUTES)}")
         routes[key] = route
     return routes
-
-
-def _parse_positive(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise ConfigError(f"{name}={raw!r} must be a number > 0, e.g. {name}=1")
-    return value
-
-
-def _parse_partitions(name: str, raw: str) -> int:
-    from .kvstore.servers import MAX_PARTITIONS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_PARTITIONS:
-        raise ConfigError(f"{name}={raw!r}: a table is split into 1 to {MAX_PARTITIONS} pieces; "
-                          f"set e.g. {name}=4 (1: no split)")
-    return value
-
-
-def _parse_fraction(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 < value < 1.0:
-        raise ConfigError(f"{name}={raw!r} must lie strictly between 0 and 1, e.g. {name}=0.5")
-    return value
-
-
-def _parse_interval(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{name}={raw!r} must be a whole number of steps >= 1, e.g. {name}=64")
-    return value
-
-
-def _parse_count(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r} is not a count: set it to an integer >= 0")
-    return value
 
 
 @dataclass(frozen=True)
