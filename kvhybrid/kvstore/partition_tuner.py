@@ -12,7 +12,7 @@ double while the time falls, then halve from the start while it falls — at mos
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -107,6 +107,3 @@ class PartitionSearch:
         theta = fit(ps, [self.samples[p] for p in ps])
         return best_partitions(theta, ps[0], ps[-1]), theta
 
-
-def sampled(search: PartitionSearch) -> List[Tuple[int, float]]:
-    return sorted(search.samples.items())
