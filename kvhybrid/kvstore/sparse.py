@@ -47,29 +47,30 @@ def row_sparse(rows, ids: np.ndarray, shape, ctx, dtype) -> NDArray:
     return mx.nd.sparse.row_sparse_array((rows, ids), shape=shape, ctx=ctx, dtype=dtype)
 
 
-def count_rows(slot: KeySlot, arrays: Sequence[NDArray]) -> None:
+def count_rows(slot: KeySlot, ids: np.ndarray) -> None:
     """Add this push's α (distinct rows this worker touched ÷ rows) to the key's tally."""
-    ids = np.concatenate([np.asarray(a.indices.asnumpy()) for a in arrays])
     slot.alpha_sum += len(np.unique(ids)) / slot.shape[0]
     slot.alpha_steps += 1
 
 
 # -- push --------------------------------------------------------------------------------
-def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], group: Group,
-                  updater) -> None:
-    """Sum the rows over devices and the group; update (or overwrite) the local copy."""
-    grad = allreduce_rows(arrays, group, name=f"key {key!r}")
+def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
+                  group: Group, updater) -> None:
+    """Sum the rows over devices and the group; update (or overwrite) the local copy.
+    ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
+    grad = allreduce_rows(arrays, group, name=f"key {key!r}", ids=ids)
     if updater is not None:
         updater(key, grad, slot.value)
     else:
         grad.copyto(slot.value)
 
 
-def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], group: Group,
-                    servers: Optional[ServerLink]) -> None:
+def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
+                    group: Group, servers: Optional[ServerLink]) -> None:
     """Local aggregation: the master gathers the group's rows, sums them and pushes the
-    sum (an empty one too: in sync mode the servers wait for every group's push)."""
-    ids, rows = local_rows(arrays)
+    sum (an empty one too: in sync mode the servers wait for every group's push).
+    ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
+    ids, rows = local_rows(arrays, ids)
     ids, rows = gather_rows(ids, rows, group, root=0, name=f"key {key!r}")
     if servers is None:
         return

@@ -47,6 +47,7 @@ from ..tensor_collectives import Group, allreduce_array, broadcast_array
 from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
 from ..tensor_collectives.ndarray_view import ViewCache
 from ..tensor_collectives.ops import copy_to_all, reduce_local
+from ..tensor_collectives.rows import local_ids
 from . import routing, sparse
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec, zeros
@@ -454,7 +455,8 @@ class HybridMPIStore(mx.kv.KVStore):
             self._sum_and_update(k, slot, value_k, target)
 
     def _push_rows(self, key: Key, slot: KeySlot, arrays) -> None:
-        sparse.count_rows(slot, arrays)
+        ids = local_ids(arrays)   # read once: for α and for the push
+        sparse.count_rows(slot, ids)
         if slot.route is None:
             slot.route = self._choose_route(key, slot)
         if slot.route == "dense":  # the whole gradient, summed like a dense key's
@@ -471,9 +473,9 @@ class HybridMPIStore(mx.kv.KVStore):
             slot.rows_on_servers = True
             self._memo.clear()   # checked pushpull calls of this key no longer hold
         if slot.rows_on_servers:
-            sparse.push_to_servers(key, slot, arrays, self.group, self._servers)
+            sparse.push_to_servers(key, slot, arrays, ids, self.group, self._servers)
         else:
-            sparse.push_in_group(key, slot, arrays, self.group, self._updater)
+            sparse.push_in_group(key, slot, arrays, ids, self.group, self._updater)
 
     # -- routing row_sparse keys (Parallax §3.1; kvstore/routing.py) ---------------------------
     def _choose_route(self, key: Key, slot: KeySlot) -> str:

@@ -18,11 +18,18 @@ from mxnet.ndarray import NDArray
 from .group import Group
 
 
-def local_rows(arrays: Sequence[NDArray]) -> Tuple[np.ndarray, np.ndarray]:
-    """(ids, rows) of a worker's per-device row_sparse arrays, concatenated (not yet summed)."""
-    ids = [np.asarray(a.indices.asnumpy(), dtype=np.int64) for a in arrays]
-    rows = [a.data.asnumpy() for a in arrays]
-    return np.concatenate(ids), np.concatenate(rows)
+def local_ids(arrays: Sequence[NDArray]) -> np.ndarray:
+    """The row ids of a worker's per-device row_sparse arrays, concatenated."""
+    return np.concatenate([np.asarray(a.indices.asnumpy(), dtype=np.int64) for a in arrays])
+
+
+def local_rows(arrays: Sequence[NDArray],
+               ids: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """(ids, rows) of a worker's per-device row_sparse arrays, concatenated (not yet summed);
+    ``ids`` may be passed when the caller has read them already (``local_ids``)."""
+    if ids is None:
+        ids = local_ids(arrays)
+    return ids, np.concatenate([a.data.asnumpy() for a in arrays])
 
 
 def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, root: Optional[int] = None,
@@ -89,9 +96,11 @@ def sum_rows(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]
     return unique, np.add.reduceat(rows, starts, axis=0)
 
 
-def allreduce_rows(arrays: Sequence[NDArray], group: Group, name: str = "rows") -> NDArray:
-    """The sum over a worker's devices and over the group of row_sparse ``arrays``."""
+def allreduce_rows(arrays: Sequence[NDArray], group: Group, name: str = "rows",
+                   ids: Optional[np.ndarray] = None) -> NDArray:
+    """The sum over a worker's devices and over the group of row_sparse ``arrays`` (whose
+    ids the caller may have read already)."""
     first = arrays[0]
-    ids, rows = sum_rows(*gather_rows(*local_rows(arrays), group, name=name))
+    ids, rows = sum_rows(*gather_rows(*local_rows(arrays, ids), group, name=name))
     return mx.nd.sparse.row_sparse_array((rows, ids), shape=first.shape, ctx=first.context,
                                          dtype=first.dtype)
