@@ -218,7 +218,9 @@ class ServerLink:
 
     def push_pull(self, key: Key, value: NDArray, out: NDArray) -> None:
         """Push this group's sum; pull the servers' value (the sum of all groups, or the
-        weight the servers' optimizer updated) into ``out``."""
+        weight the servers' optimizer updated) into ``out``. MXNet keeps a pushed CPU array
+        as the key's buffer and pulls into it: ``value`` is overwritten too, so push a copy
+        of anything that must survive (the elastic store does)."""
         kid = self._ids[key]
         self._kv.push(kid, value)
         self._kv.pull(kid, out=out)
