@@ -20,7 +20,7 @@ import copy
 import logging
 import os
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -227,6 +227,19 @@ class ServerLink:
         with self._dog.waiting(lambda: f"the parameter servers to return key {key!r} "
                                        f"(scheduler at {scheduler_address()})", collective=False):
             out.wait_to_read()
+
+    def push_pull_many(self, items: List[Tuple[Key, NDArray, NDArray]]) -> None:
+        """``push_pull`` of several keys ``(key, value, out)``: every push and pull is
+        issued before the first wait, so the servers work on all of them at once."""
+        for key, value, out in items:
+            kid = self._ids[key]
+            self._kv.push(kid, value)
+            self._kv.pull(kid, out=out)
+        keys = ", ".join(repr(k) for k, _, _ in items)
+        with self._dog.waiting(lambda: f"the parameter servers to return keys {keys} "
+                                       f"(scheduler at {scheduler_address()})", collective=False):
+            for _, _, out in items:
+                out.wait_to_read()
 
     def pull(self, key: Key, out: NDArray) -> None:
         """The servers' current value of ``key``, into ``out``."""

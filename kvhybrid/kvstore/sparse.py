@@ -87,7 +87,7 @@ def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
     if servers is not None:
         into[:] = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
                                     slot.dtype).reshape(into.shape)
-    broadcast_array(into, 0, group, name=f"key {key!r} from the servers")
+    broadcast_array(into, 0, group, name=f"key {key!r} from the servers", patient=True)
 
 
 def _unique_ids(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:

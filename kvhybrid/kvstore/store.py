@@ -44,8 +44,9 @@ from mxnet.base import _LIB, KVStoreHandle, c_str, check_call
 from ..config import StoreConfig
 from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import Group, allreduce_array, broadcast_array
+from ..tensor_collectives.ops import broadcast_view
 from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
-from ..tensor_collectives.ndarray_view import ViewCache
+from ..tensor_collectives.ndarray_view import ViewCache, is_host
 from ..tensor_collectives.ops import copy_to_all, reduce_local
 from ..tensor_collectives.rows import local_ids
 from . import routing, sparse
@@ -253,12 +254,13 @@ class HybridMPIStore(mx.kv.KVStore):
     def _init_table(self, key: Key, value: mx.nd.NDArray) -> None:
         """A sparse weight: rank 0's table, kept on the servers or by every rank."""
         slot = KeySlot(tuple(value.shape), np.dtype(value.dtype), None, sparse_weight=True)
-        slot.rows_on_servers = sparse.rows_live_on_servers(slot, self.config.num_servers,
-                                                           self._cross)
+        slot.rows_on_servers = self._rows_on_servers(slot)
         if not slot.rows_on_servers:
             slot.value = zeros(value.shape, value.context, value.dtype)
             if self.group.rank == 0:
                 value.copyto(slot.value)
+                if self._dense_on_servers() and self._servers is not None:
+                    self._servers.init(key, slot.value, slot.value)   # as a dense key
             broadcast_array(slot.value, 0, self.group, name=f"key {key!r}")
         elif self._servers is not None:
             self._servers.init_rows(key, value.tostype("default"), self.config.partitions)
@@ -290,6 +292,10 @@ class HybridMPIStore(mx.kv.KVStore):
         for (k, v), (_, o) in self._check("broadcast", build, f" of key {key!r}"):
             slot = self._set_from_root(k, v[0])
             copy_to_all(slot.value, o)
+
+    def _rows_on_servers(self, slot: KeySlot) -> bool:
+        """Whether a key that carries rows keeps them on the servers (``sparse.py``)."""
+        return sparse.rows_live_on_servers(slot, self.config.num_servers, self._cross)
 
     def _dense_on_servers(self) -> bool:
         """Whether dense keys also live on the servers (summed across client groups there)."""
@@ -360,8 +366,7 @@ class HybridMPIStore(mx.kv.KVStore):
 
     def _check_route(self, key: Key, slot: KeySlot, stype: str) -> None:
         if stype == "row_sparse":
-            to_servers = slot.rows_on_servers or sparse.rows_live_on_servers(
-                slot, self.config.num_servers, self._cross)
+            to_servers = slot.rows_on_servers or self._rows_on_servers(slot)
             if to_servers and self._updater is None:
                 raise KeyValueError(
                     f"push of row_sparse gradients of key {key!r} to the parameter servers "
@@ -389,6 +394,8 @@ class HybridMPIStore(mx.kv.KVStore):
         work = call.work
         if len(work) > 1 and not self._cross and self.config.fusion_threshold:
             work = self._pushpull_fused(call)
+        elif len(work) > 1 and self._cross:
+            work = self._pushpull_across_groups(call)
         for k, value_k, out_k in work:
             slot = self._slots[k]
             dst = out_k if out_k is not None else value_k
@@ -420,8 +427,50 @@ class HybridMPIStore(mx.kv.KVStore):
                             np.copyto(self._views.get(arr, slot.dtype, slot.count), total.view)
         return rest
 
-    def _plan_buckets(self, work):
-        """([(Bucket, [(key, value, out, slot)])], keys left to do one by one)."""
+    def _pushpull_across_groups(self, call: "CheckedCall"):
+        """Several dense keys with several client groups, as ``_sum_and_update`` does one,
+        with a bucket's worth of sync points instead of a key's worth each: the group sums
+        a bucket of keys in one fused allreduce, the master sends all of them to the
+        servers before it waits for any answer (as ``dist_sync`` does, so the round trips
+        overlap), and the answers reach the group in one broadcast. Returns the keys left
+        to do one by one."""
+        if call.plan is None:
+            buckets_, rest = self._plan_buckets(call.work, in_place=False)
+            # Each key travels in its own array: MXNet pulls into the array it was pushed
+            # from, and keys sharing one array would share one engine variable, which
+            # would make every key's round trip wait for the one before.
+            call.plan = ([(b, items, [zeros(slot.shape, mx.cpu(), b.dtype) for *_, slot in items],
+                           np.empty(b.total, b.dtype)) for b, items in buckets_], rest)
+        buckets_, rest = call.plan
+        for bucket, items, wires, flat in buckets_:
+            sums = allreduce_fused(bucket, self.group, self._fusion, self._views)
+            if self._servers is not None:   # the engine is idle: allreduce_fused waited
+                for wire, total, (*_, slot) in zip(wires, sums, items):
+                    np.copyto(self._views.get(wire, slot.dtype, slot.count), total.view)
+                self._servers.push_pull_many([(k, wire, wire) for (k, *_), wire in
+                                              zip(items, wires)])
+                for wire, total, (*_, slot) in zip(wires, sums, items):
+                    np.copyto(flat[total._start:total._stop],
+                              self._views.get(wire, slot.dtype, slot.count))
+            broadcast_view(flat, 0, self.group, name=f"{bucket.name} from the servers",
+                           patient=True)
+            for (k, value_k, out_k, slot), total, wire in zip(items, sums, wires):
+                answer = flat[total._start:total._stop]
+                dst = list(out_k if out_k is not None else value_k)
+                if self._updater is not None:
+                    dst.append(slot.value)
+                if not all(is_host(arr) for arr in dst):   # the engine copies to devices
+                    np.copyto(self._views.get(wire, slot.dtype, slot.count), answer)
+                for arr in dst:   # nothing the engine runs uses them now
+                    if is_host(arr):
+                        np.copyto(self._views.get(arr, slot.dtype, slot.count), answer)
+                    else:
+                        wire.copyto(arr)
+        return rest
+
+    def _plan_buckets(self, work, in_place: bool = True):
+        """([(Bucket, [(key, value, out, slot)])], keys left to do one by one). With
+        ``in_place`` a bucket whose sums may overwrite its gradients is summed there."""
         fused = [(k, v, o, self._slots[k], not (on_host(v) and (o is None or on_host(o))))
                  for k, v, o in work if self._slots[k].count]
         if len(fused) < 2:
@@ -434,7 +483,7 @@ class HybridMPIStore(mx.kv.KVStore):
             items = [fused[i][:4] for i in idx]
             bucket = Bucket([v for _, v, _, _ in items], [s.count for *_, s in items],
                             [s.shape for *_, s in items], items[0][3].dtype,
-                            in_place=all(o is None for _, _, o, _ in items),
+                            in_place=in_place and all(o is None for _, _, o, _ in items),
                             name=f"(keys {items[0][0]!r}..{items[-1][0]!r})",
                             staged=fused[idx[0]][4])
             plan.append((bucket, items))
@@ -463,8 +512,7 @@ class HybridMPIStore(mx.kv.KVStore):
             target = slot.grad_buffer() if self._updater is not None else slot.value
             self._sum_and_update(key, slot, [a.tostype("default") for a in arrays], target)
             return
-        if not slot.rows_on_servers and sparse.rows_live_on_servers(
-                slot, self.config.num_servers, self._cross):
+        if not slot.rows_on_servers and self._rows_on_servers(slot):
             # A dense weight's first row_sparse gradient: its rows move to the servers, as a
             # row_sparse table (every group holds the same weight at this point).
             self._check_table_rows(key, slot.shape[0])
@@ -483,8 +531,7 @@ class HybridMPIStore(mx.kv.KVStore):
         forced by KVHYBRID_ROUTES, else by the group's α at this push and Table 3. With
         several client groups the groups cannot agree on a measured α, so only a forced
         route changes the default there."""
-        default = "servers" if sparse.rows_live_on_servers(slot, self.config.num_servers,
-                                                           self._cross) else "rows"
+        default = "servers" if self._rows_on_servers(slot) else "rows"
         self._check_forced_routes()
         forced = self._forced_route(key)
         if forced is not None:
@@ -598,7 +645,8 @@ class HybridMPIStore(mx.kv.KVStore):
             elif self._cross:
                 if self._servers is not None:
                     self._servers.pull(k, slot.value)
-                broadcast_array(slot.value, 0, self.group, name=f"key {k!r} from the servers")
+                broadcast_array(slot.value, 0, self.group, name=f"key {k!r} from the servers",
+                                patient=True)
             copy_to_all(into, out_k)
 
     @_unrecorded
@@ -656,7 +704,8 @@ class HybridMPIStore(mx.kv.KVStore):
             # groups, or the weight updated by the servers' optimizer); the group gets it.
             if self._servers is not None:
                 self._servers.push_pull(key, target, result)
-            broadcast_array(result, 0, self.group, name=f"key {key!r} from the servers")
+            broadcast_array(result, 0, self.group, name=f"key {key!r} from the servers",
+                            patient=True)
         elif self._updater is not None:
             self._updater(key, target, slot.value)
         return result

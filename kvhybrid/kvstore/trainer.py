@@ -82,24 +82,25 @@ class DistributedTrainer(gluon.Trainer):
         if not self._bucketed:
             self._grads_into_buckets()
             self._bucketed = True
-        keys, grads, outs = [], [], []
+        keys, grads, outs, sparse = [], [], [], []
         for i, param in enumerate(self._params):
             if param.grad_req == "null":
                 continue
             grad_list = param.list_grad()
-            if grad_list[0].stype != "default":      # as gluon.Trainer does
-                self._kvstore.push(i, grad_list, priority=-i)
-                if param._stype == "default":
-                    pull_list = param.list_data() if self._update_on_kvstore else grad_list
-                    self._kvstore.pull(i, pull_list, priority=-i,
-                                       ignore_sparse=self._distributed)
+            if grad_list[0].stype != "default":
+                sparse.append((i, param, grad_list))
                 continue
             keys.append(i)
             grads.append(grad_list)
             outs.append(param.list_data())
-        if not keys:
-            return
-        if self._update_on_kvstore:
+        # dense keys first: their fused call waits for MXNet's engine to go idle, which a
+        # row_sparse push to the servers in flight would make it wait for (a whole round)
+        if keys and self._update_on_kvstore:
             self._kvstore.pushpull(keys, grads, out=outs)
-        else:
+        elif keys:
             self._kvstore.pushpull(keys, grads)
+        for i, param, grad_list in sparse:      # as gluon.Trainer does
+            self._kvstore.push(i, grad_list, priority=-i)
+            if param._stype == "default":
+                pull_list = param.list_data() if self._update_on_kvstore else grad_list
+                self._kvstore.pull(i, pull_list, priority=-i, ignore_sparse=self._distributed)

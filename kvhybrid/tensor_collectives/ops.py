@@ -11,6 +11,7 @@ accelerator go through a pinned host staging buffer.
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable, List, Sequence, Union
 
 import numpy as np
@@ -124,13 +125,53 @@ def allreduce_array(arr: NDArray, op: str = "sum", group: Group = None, name: st
               reduce)
 
 
-def broadcast_array(arr: NDArray, src: int = 0, group: Group = None, name: str = "") -> None:
-    """Overwrite ``arr`` on every rank with rank ``src``'s copy, in place."""
-    MPI = group.MPI
+def wait_patiently(request) -> None:
+    """Wait for a non-blocking MPI request, sleeping between tests (50 us growing to 1 ms).
+
+    For waits on another rank's network round trip (a group master talking to the
+    servers): MPI's blocking calls spin, and on a host with more processes than cores the
+    spinning ranks take the CPU from the master and the servers they wait for (a sparse
+    model's step took 2.5x longer on 2 cores). Every rank must use the non-blocking call,
+    the one that waits for others included: MPI matches blocking and non-blocking
+    collectives with each other only in MPI 4."""
+    delay = 50e-6
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1e-3)
+
+
+def _bcast(group: Group, view: np.ndarray, src: int, patient: bool) -> None:
+    buf = _mpi_buffer(group.MPI, view)
+    if not patient:
+        group.comm.Bcast(buf, root=src)
+    elif group.rank == src:
+        group.comm.Ibcast(buf, root=src).Wait()
+    else:
+        wait_patiently(group.comm.Ibcast(buf, root=src))
+
+
+def broadcast_array(arr: NDArray, src: int = 0, group: Group = None, name: str = "",
+                    patient: bool = False) -> None:
+    """Overwrite ``arr`` on every rank with rank ``src``'s copy, in place. ``patient``:
+    the others wait for ``src`` without spinning (``wait_patiently``); every rank must
+    pass the same."""
     _in_place(arr, group,
               lambda: f"broadcast from rank {src} of {name or 'a tensor'} {describe(arr)} on "
                       f"group {group.name} of {group.size} ranks",
-              lambda v: group.comm.Bcast(_mpi_buffer(MPI, v), root=src))
+              lambda v: _bcast(group, v, src, patient))
+
+
+def broadcast_view(view: np.ndarray, src: int = 0, group: Group = None, name: str = "",
+                   patient: bool = False) -> None:
+    """``broadcast_array`` of a host view the caller made (the engine must not be using
+    its memory)."""
+    if view.size == 0 or group.size == 1:
+        return
+    with group.watchdog.waiting(lambda: f"broadcast from rank {src} of {name or 'a tensor'} "
+                                        f"({view.nbytes:,} bytes) on group {group.name} of "
+                                        f"{group.size} ranks"):
+        _bcast(group, view, src, patient)
+    group.bytes_sent["dense"] += view.nbytes
 
 
 def allreduce(tensor: Tensor, op: str = "sum", group: Group = None) -> None:

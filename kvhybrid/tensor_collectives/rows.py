@@ -16,6 +16,7 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from .group import Group
+from .ops import wait_patiently
 
 
 def local_ids(arrays: Sequence[NDArray]) -> np.ndarray:
@@ -72,7 +73,8 @@ def gather_ids(ids: np.ndarray, group: Group, root: int = 0, name: str = "rows")
 
 def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 0,
                  name: str = "rows") -> np.ndarray:
-    """Rank r gets ``parts[r]`` (an array of ``count`` rows on rank r) from ``root``."""
+    """Rank r gets ``parts[r]`` (an array of ``count`` rows on rank r) from ``root``,
+    which fetched them from the servers: the others wait without spinning."""
     width = int(np.prod(row_shape, dtype=np.int64))
     out = np.empty((count,) + tuple(row_shape), dtype=dtype)
     with group.watchdog.waiting(lambda: f"rank {root} to hand out the rows of {name} on group "
@@ -80,9 +82,9 @@ def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 
         if group.rank == root:
             counts = np.array([len(p) for p in parts], dtype=np.int64) * width
             send = np.concatenate([p.reshape(-1) for p in parts]) if parts else None
-            group.comm.Scatterv([send, counts], out.reshape(-1), root=root)
+            group.comm.Iscatterv([send, counts], out.reshape(-1), root=root).Wait()
         else:
-            group.comm.Scatterv(None, out.reshape(-1), root=root)
+            wait_patiently(group.comm.Iscatterv(None, out.reshape(-1), root=root))
     return out
 
 
