@@ -8,6 +8,11 @@ key, the group's master pushes its weights w to the servers, which move the cent
 toward them (``center.py``), pulls the center w̃ back, and every rank of the group moves
 its weights toward it (``client.py``). The servers run in ``dist_async`` mode: groups
 never wait for each other. With a group per worker this is dist-ESGD.
+
+Tables train like any other weight: a sparse weight (``SparseEmbedding``) or a weight with
+sparse gradients (``nn.Embedding(sparse_grad=True)``) is held whole by every rank, its
+touched rows are summed in the group and updated locally, and the whole table is
+averaged with its center.
 """
 from __future__ import annotations
 
@@ -67,10 +72,12 @@ class HybridMPIElasticStore(HybridMPIStore):
     def _server_optimizer(self, optimizer):
         return center_optimizer(self.alpha)
 
+    def _rows_on_servers(self, slot: KeySlot) -> bool:
+        return False   # every group holds its own tables, to average with their centers
+
     def _check_new_table(self, key: Key, value: mx.nd.NDArray) -> None:
-        raise KeyValueError(f"key {key!r} is row_sparse: hybrid-mpi-elastic averages dense "
-                            "parameters only; use hybrid-mpi or hybrid-mpi-async for sparse "
-                            "models")
+        if self._servers is not None:   # its center goes on the servers as a dense key
+            self._servers.check_new(key)
 
     def _sum_and_update(self, key: Key, slot: KeySlot, arrays, target):
         if self._updater is None:
@@ -78,10 +85,20 @@ class HybridMPIElasticStore(HybridMPIStore):
                                 "store (update_on_kvstore=True, its default for this store) so "
                                 "that set_optimizer is called before training")
         result = super()._sum_and_update(key, slot, arrays, target)
+        self._count_step(key, slot)
+        return result
+
+    def _push_rows(self, key: Key, slot: KeySlot, arrays) -> None:
+        """Sparse gradients of a dense weight: summed and applied in the group (or, on the
+        'dense' route, by ``_sum_and_update``, which counts the step itself)."""
+        super()._push_rows(key, slot, arrays)
+        if slot.route != "dense":
+            self._count_step(key, slot)
+
+    def _count_step(self, key: Key, slot: KeySlot) -> None:
         steps = self._steps[key] = self._steps.get(key, 0) + 1
         if steps % self.interval == 0 and slot.count:
             self._exchange(key, slot)
-        return result
 
     def _exchange(self, key: Key, slot: KeySlot) -> None:
         center = self._centers.get(key)
@@ -94,7 +111,7 @@ class HybridMPIElasticStore(HybridMPIStore):
                 sent = self._sent[key] = zeros(slot.shape, slot.value.context, slot.dtype)
             slot.value.copyto(sent)
             self._servers.push_pull(key, sent, center)
-        broadcast_array(center, 0, self.group, name=f"the center of key {key!r}")
+        broadcast_array(center, 0, self.group, name=f"the center of key {key!r}", patient=True)
         before = float(mx.nd.norm(slot.value - center).asscalar())
         pull_toward_center(slot.value, center, self.alpha)
         after = float(mx.nd.norm(slot.value - center).asscalar())
