@@ -1,0 +1,74 @@
+"""The experiment runner (python -m kvhybrid.experiments): real launched jobs under MXNet's
+own dist_sync and kvhybrid's stores, on scikit-learn's digits and the sparse LM task."""
+import csv
+import json
+import sys
+
+import pytest
+
+from kvhybrid.experiments.__main__ import parse_args
+from kvhybrid.experiments.modes import MODES
+from mpirun import _run_killable
+
+
+def test_modes_are_launched_as_the_paper_describes():
+    shapes = {name: (m.clients(4, 2), m.workers_per_update(4, 2)) for name, m in MODES.items()}
+    assert shapes == {"dist-SGD": (4, 4), "dist-ASGD": (4, 1), "dist-ESGD": (4, 1),
+                      "mpi-SGD": (2, 4), "mpi-ASGD": (2, 2), "mpi-ESGD": (2, 2)}
+    assert MODES["dist-SGD"].store == "dist_sync" and MODES["dist-ASGD"].store == "dist_async"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "3", "--clients", "2"], "multiple of --clients"),
+    (["--servers", "0"], "--servers must be at least 1"),
+    (["--interval", "0"], "--interval must be at least 1"),
+    (["--alpha", "1"], "strictly between 0 and 1"),
+])
+def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def three_modes(tmp_path_factory):
+    out = tmp_path_factory.mktemp("experiments")
+    cmd = [sys.executable, "-m", "kvhybrid.experiments", "--tasks", "digits", "lm", "--modes",
+           "dist-SGD", "mpi-SGD", "mpi-ESGD", "--epochs", "2", "--interval", "8", "--out",
+           str(out)]
+    r = _run_killable(cmd, "the experiment runner", 600, {})
+    assert r.returncode == 0, r.output[-4000:]
+    return out, r.output
+
+
+def rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_runner_writes_curves_tables_and_plots(three_modes):
+    out, output = three_modes
+    for task in ("digits", "lm"):
+        got = rows(out / f"{task}.csv")
+        assert {(r["mode"], r["epoch"]) for r in got} == {
+            (m, e) for m in ("dist-SGD", "mpi-SGD", "mpi-ESGD") for e in ("1", "2")}
+        assert (out / f"{task}.png").stat().st_size > 10_000
+    md = (out / "experiments.md").read_text()
+    assert "mpi-SGD's mean epoch is" in md and "reached by mpi-ESGD" in md
+    assert "Command: `python -m kvhybrid.experiments" in md
+    assert json.loads((out / "experiments.json").read_text())["results"]["lm"]["mpi-ESGD"]
+    assert "[6/6] done" in output
+
+
+def test_mpi_sgd_trains_exactly_as_mxnets_dist_sync(three_modes):
+    """Synchronous data parallelism: kvhybrid with 2 client groups of 2 workers and MXNet's
+    own dist_sync with 4 workers see the same batches, so every epoch's validation matches,
+    for the dense MLP and for the sparse LM (SparseEmbedding rows on the servers)."""
+    out, _ = three_modes
+    for task in ("digits", "lm"):
+        got = rows(out / f"{task}.csv")
+        for epoch in ("1", "2"):
+            a, b = [next(r for r in got if r["mode"] == m and r["epoch"] == epoch)
+                    for m in ("dist-SGD", "mpi-SGD")]
+            assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-4), (task, epoch)
+            assert float(a["accuracy"]) == pytest.approx(float(b["accuracy"]), abs=1.5e-3)
