@@ -10,7 +10,7 @@ setup(
     python_requires=">=3.8",
     packages=find_packages(include=["kvhybrid", "kvhybrid.*"]) + ["kvhybrid.launch"],
     package_dir={"kvhybrid.launch": "launch"},
-    package_data={"kvhybrid.launch": ["*.conf"]},
+    package_data={"kvhybrid.launch": ["*.conf", "*.sh"]},
     install_requires=["mxnet==1.9.1", "numpy==1.23.5", "mpi4py>=4,<5"],
     extras_require={
         # The CUDA 11.7 wheel replaces the CPU one: pip uninstall mxnet first.

@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import tune
@@ -98,6 +99,17 @@ def make_plan(args) -> JobPlan:
                             args.launcher, args.auto, args.sparse))
 
 
+NETNS_RSH = Path(__file__).resolve().parent / "netns_rsh.sh"
+
+
+def netns_mpi_args() -> List[str]:
+    """Open MPI settings for a group spanning namespace hosts: mpirun reaches the other
+    namespaces through ``netns_rsh.sh`` (as it would through ssh), and ranks talk over the
+    hosts' interfaces, never loopback (which would bypass the emulated links)."""
+    return ["--mca", "plm_rsh_agent", str(NETNS_RSH), "--mca", "btl", "self,vader,tcp",
+            "--mca", "btl_tcp_if_exclude", "lo", "--mca", "oob_tcp_if_exclude", "lo"]
+
+
 class Job:
     """The processes of one planned job and how to start them."""
 
@@ -141,9 +153,12 @@ class Job:
         env = {**self.dmlc_env("worker", c.master_host), "KVHYBRID_CLIENT_ID": str(c.client)}
         full = {**self.base_env, **env}
         hosts = None
-        if self.transport == "ssh" or (self.transport == "local" and len(self.plan.spec.hosts) > 1):
+        if self.transport == "ssh" or (self.transport == "local" and len(self.plan.spec.hosts) > 1) \
+                or (self.transport == "netns" and len(c.ranks) > 1):
             hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
         extra = list(self.mpi_args)
+        if self.transport == "netns" and len(c.ranks) > 1 and self.mpi_kind == "openmpi":
+            extra = netns_mpi_args() + extra
         if self.mpi_kind == "openmpi" and len(self.plan.clients) > 1:
             # mpiruns started together race to create the same session directory in /tmp
             # ("mkdir ... File exists"): give each group its own.

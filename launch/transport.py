@@ -22,7 +22,10 @@ def wrap(transport: str, host: str, cmd: List[str], env: Dict[str, str],
         return cmd
     assign = [f"{k}={v}" for k, v in sorted(env.items()) if base_env.get(k) != v]
     if transport == "netns":
-        return ["ip", "netns", "exec", host, "env", *assign, *cmd]
+        # its own hostname too (a UTS namespace), as a real host has: Open MPI names its
+        # shared-memory files by hostname, and emulated hosts sharing one would collide
+        return ["ip", "netns", "exec", host, "unshare", "--uts", "--", "sh", "-c",
+                'hostname "$0" && exec "$@"', host, "env", *assign, *cmd]
     if transport == "ssh":
         remote = f"cd {shlex.quote(os.getcwd())} && env {' '.join(map(shlex.quote, assign))} " \
                  + " ".join(map(shlex.quote, cmd))

@@ -4,6 +4,8 @@ Scheduler, servers and client groups sit in different namespaces and talk over
 their interfaces, as on two machines; kvhybrid-launch reaches them with
 ``--launcher netns`` (``ip netns exec``).
 """
+import subprocess
+
 import pytest
 
 from mpirun import run_launcher
@@ -32,3 +34,21 @@ def test_job_across_two_namespace_hosts(tmp_path):
         assert f"DMLC_PS_ROOT_URI={hosts.addresses[0]}" in client1     # scheduler on host a
         assert f"DMLC_NODE_HOST={hosts.addresses[1]}" in client1       # master on host b
         assert f"ip netns exec {hosts.names[1]}" in client1
+
+
+def test_a_group_spanning_emulated_hosts_over_shaped_links(tmp_path):
+    """The benchmarks' emulated cluster: 2 hosts joined through a switch by 1 Gbit/s links.
+    One client group spans both (mpirun reaches the second namespace like a remote host),
+    with a server on each; everything is gone afterwards."""
+    from kvhybrid.bench.cluster import EmulatedCluster
+    with EmulatedCluster(hosts=2, rate="1gbit") as cluster:
+        hostfile = cluster.hostfile(tmp_path / "hosts", slots=2)
+        r = run_launcher(["-n", 4, "--clients", 1, "--servers", 2, "--launcher", "netns",
+                          "--hostfile", hostfile], "lifecycle.py", ["ok"], timeout=180)
+        assert r.returncode == 0, r.output[-4000:]
+        assert f"client 0      {cluster.names[0]}:2,{cluster.names[1]}:2" in r.output
+        for rank in range(4):
+            assert f"worker rank {rank} done, sum 4" in r.output
+        names = cluster.names + [cluster.switch]
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(name in left for name in names), left
