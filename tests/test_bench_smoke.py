@@ -63,3 +63,19 @@ def test_partitions_benchmark_sweeps_and_runs_the_tuner(tmp_path):
     assert 3 <= len(tuner["samples"]) <= 5 and str(tuner["partitions"]) in results["sweep"]
     assert "Tuner: " in table and "the best P's" in table
     assert (tmp_path / "partitions_tuning.png").stat().st_size > 10_000
+
+
+def test_models_benchmark_runs_every_system_and_they_take_the_same_steps(tmp_path):
+    """Synchronous training is the same computation whoever moves the gradients: the five
+    systems end with the same loss on the sparse LM-like model."""
+    table, results = run_bench("models", tmp_path, "--models", "lm", "--steps", 4, "--warmup", 1,
+                               "--workers", 2, "--tokens", 10)
+    systems = results["lm"]
+    assert set(systems) == {"kvhybrid", "kvhybrid all-AR", "kvhybrid all-PS", "dist_sync",
+                            "Horovod"}
+    losses = [r["loss"] for r in systems.values()]
+    assert max(losses) - min(losses) <= 1e-4 * abs(losses[0]), systems
+    assert systems["kvhybrid"]["bytes_sent"]["servers"] > 0      # rows went to the servers
+    assert [s["route"] for s in systems["kvhybrid all-AR"]["key_stats"].values()] == ["dense"]
+    assert [s["route"] for s in systems["kvhybrid"]["key_stats"].values()] == ["servers"]
+    assert "kvhybrid ÷ this" in table

@@ -1,0 +1,104 @@
+"""One worker of the model-level benchmark (``python -m kvhybrid.bench.models`` starts it
+under ``kvhybrid-launch``): trains a model of ``model_zoo`` for a fixed number of steps
+through one system and writes what it measured.
+
+Systems: ``hybrid`` (``hybrid-mpi`` with ``kvhybrid.DistributedTrainer``), ``dist_sync``
+(MXNet's own store and ``gluon.Trainer``), ``horovod`` (``horovod.mxnet``'s
+``DistributedTrainer``, dense embeddings). Every worker draws its own batches (seeded by
+its rank), the same whatever the system, and starts from the same weights.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from .model_zoo import MODELS
+
+SYSTEMS = ("hybrid", "dist_sync", "horovod")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), required=True)
+    p.add_argument("--system", choices=SYSTEMS, required=True)
+    p.add_argument("--out", required=True, help="rank 0 writes result.json here")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10, help="untimed first steps")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per worker")
+    p.add_argument("--tokens", type=int, default=50, help="words per sample (sets alpha)")
+    p.add_argument("--lr", type=float, default=0.05, help="per sample of the global batch")
+    return p.parse_args(argv)
+
+
+def make_trainer(system: str, net, lr: float, batch: int):
+    """(trainer, rank, workers, store or None); the learning rate applies to the mean
+    gradient over every worker's samples in every system."""
+    params = {"learning_rate": lr, "rescale_grad": 1.0 / batch}
+    if system == "horovod":
+        import horovod.mxnet as hvd
+        hvd.init()
+        hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+        # Horovod averages over workers itself
+        return hvd.DistributedTrainer(net.collect_params(), "sgd", params), hvd.rank(), \
+            hvd.size(), None
+    if system == "hybrid":
+        import kvhybrid
+        kv = mx.kv.create("hybrid-mpi")
+        params["learning_rate"] = lr / kv.num_workers   # the store sums over workers
+        return kvhybrid.DistributedTrainer(net.collect_params(), "sgd", params, kvstore=kv), \
+            kv.rank, kv.num_workers, kv
+    kv = mx.kv.create("dist_sync")
+    params["learning_rate"] = lr / kv.num_workers
+    return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=kv), kv.rank, \
+        kv.num_workers, kv
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    model = MODELS[args.model]
+    mx.random.seed(0)
+    net = model.build(args.system != "horovod")
+    net.initialize(mx.init.Xavier())
+    trainer, rank, workers, kv = make_trainer(args.system, net, args.lr, args.batch_size)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = np.random.RandomState(1000 + rank)
+    batches = [model.batch(rng, args.batch_size, args.tokens) for _ in range(8)]
+    times = []
+    for step in range(args.steps):
+        inputs, label = batches[step % len(batches)]
+        start = time.perf_counter()
+        with autograd.record():
+            loss = loss_fn(net(*[mx.nd.array(x) for x in inputs]), mx.nd.array(label))
+        loss.backward()
+        trainer.step(1)
+        mx.nd.waitall()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - start)
+    # the loss after the fixed number of steps, on one batch every system and rank shares
+    inputs, label = model.batch(np.random.RandomState(7), 256, args.tokens)
+    final = float(loss_fn(net(*[mx.nd.array(x) for x in inputs]), mx.nd.array(label))
+                  .mean().asscalar())
+    sent = dict(kv.group.bytes_sent) if hasattr(kv, "group") else {}
+    if rank == 0:
+        step = float(np.median(times))
+        words = workers * args.batch_size * model.words_per_sample(args.tokens)
+        with open(os.path.join(args.out, "result.json"), "w") as f:
+            json.dump({"model": args.model, "system": args.system, "workers": workers,
+                       "step_seconds": step, "words_per_second": words / step,
+                       "loss": final, "steps": args.steps, "bytes_sent": sent,
+                       "key_stats": {str(k): v for k, v in kv.key_stats().items()}
+                       if hasattr(kv, "key_stats") else {}}, f)
+        print(f"{args.model} on {args.system}: {step * 1e3:.1f} ms per step, "
+              f"{words / step:,.0f} words/s, loss {final:.5f}", flush=True)
+    if hasattr(kv, "close"):
+        kv.close()
+
+
+if __name__ == "__main__":
+    main()

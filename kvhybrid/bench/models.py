@@ -1,0 +1,193 @@
+"""Model-level benchmark: kvhybrid against MXNet's parameter server and Horovod, trained side
+by side on the same models, data, batch and worker count (Parallax §6).
+
+    python -m kvhybrid.bench.models                   # loopback, 4 workers, every model
+    python -m kvhybrid.bench.models --models lm --alpha-tokens 10 50 200
+    python -m kvhybrid.bench.models --hosts 4 --rate 1gbit --name models_1gbit
+
+Systems (each a job through ``kvhybrid-launch``):
+
+* ``kvhybrid``: ``hybrid-mpi``, one client group + servers: dense keys by allreduce,
+  row_sparse keys routed by their α (Parallax's hybrid);
+* ``kvhybrid all-AR``: every key by allreduce (tables forced ``dense``; no servers);
+* ``kvhybrid all-PS``: every key on the servers (a client group per worker);
+* ``dist_sync``: MXNet's own store (tables as ``SparseEmbedding``), a client per worker;
+* ``Horovod``: ``horovod.mxnet.DistributedTrainer`` (dense embeddings, as Horovod needs).
+
+Reports the median step time after warm-up, words (or images) per second, the ratio to each
+peer, the loss after the fixed number of steps (synchronous systems must agree), and the
+bytes kvhybrid handed to MPI and the servers per worker and step. Writes
+``NAME.{md,json,png}`` (``--name``, default ``models``) and, with ``--alpha-tokens``,
+``NAME_alpha.{md,json,png}`` into ``--out``. ``--hosts 4 --rate 1gbit`` runs every job on
+an emulated cluster (``cluster.py``: network namespaces joined by shaped links; root only).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+from .cluster import EmulatedCluster
+from .common import footer, grouped_bars, run_job, save_figure, write_outputs
+from .model_zoo import MODELS
+
+log = logging.getLogger("kvhybrid.bench")
+
+#: name -> (worker system, launcher shape, tables forced to allreduce)
+SYSTEMS = {
+    "kvhybrid": ("hybrid", "group+servers", False),
+    "kvhybrid all-AR": ("hybrid", "group", True),
+    "kvhybrid all-PS": ("hybrid", "per-worker+servers", False),
+    "dist_sync": ("dist_sync", "per-worker+servers", False),
+    "Horovod": ("horovod", "group", False),
+}
+
+
+def launcher_args(shape: str, workers: int, servers: int) -> List[str]:
+    if shape == "group":
+        return ["-n", str(workers)]
+    clients = 1 if shape == "group+servers" else workers
+    return ["-n", str(workers), "--clients", str(clients), "--servers", str(servers)]
+
+
+def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
+    system, shape, all_ar = SYSTEMS[name]
+    out = tempfile.mkdtemp(dir=tmp)
+    cmd = [sys.executable, "-m", "kvhybrid.launch.cli",
+           *launcher_args(shape, args.workers, args.servers), *args.launcher_args,
+           "python", "-m", "kvhybrid.bench.model_worker", "--model", model, "--system", system,
+           "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--batch-size", str(args.batch_size), "--tokens", str(tokens)]
+    env = dict(os.environ)
+    env.pop("KVHYBRID_ROUTES", None)
+    if all_ar and MODELS[model].sparse_keys:   # a fresh process names its tables 0, 1, ...
+        tables = 2 if model == "nmt" else 1
+        env["KVHYBRID_ROUTES"] = ",".join(f"sparseembedding{k}_weight=dense" for k in range(tables))
+    run_job(cmd, env, args.timeout, f"{model} on {name}", "models")
+    with open(os.path.join(out, "result.json")) as f:
+        result = json.load(f)
+    log.info("models: %-4s %-16s %8.1f ms/step %12s words/s  loss %.5f", model, name,
+             result["step_seconds"] * 1e3, f"{result['words_per_second']:,.0f}", result["loss"])
+    return result
+
+
+def ratio_table(results: Dict[str, Dict[str, dict]], steps: int) -> str:
+    lines = ["| model | system | ms / step | words / s | kvhybrid ÷ this | loss after "
+             f"{steps} steps | MB / worker / step (MPI, servers) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for model, systems in results.items():
+        ours = systems.get("kvhybrid")
+        for name, r in systems.items():
+            vs = (f"{ours['words_per_second'] / r['words_per_second']:.2f}×"
+                  if ours and name != "kvhybrid" else "")
+            sent = r.get("bytes_sent") or {}
+            mb = (f"{(sent.get('dense', 0) + sent.get('rows', 0)) / r['steps'] / 2**20:.3f}, "
+                  f"{sent.get('servers', 0) / r['steps'] / 2**20:.3f}" if sent else "")
+            lines.append(f"| {model} | {name} | {r['step_seconds'] * 1e3:.1f} | "
+                         f"{r['words_per_second']:,.0f} | {vs} | {r['loss']:.5f} | {mb} |")
+    return "\n".join(lines)
+
+
+def plot(results, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = list(results)
+    names = [n for n in SYSTEMS if any(n in results[m] for m in models)]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    grouped_bars(ax, models, {n: [results[m].get(n, {}).get("words_per_second", 0) /
+                                  max(r["words_per_second"] for r in results[m].values())
+                                  for m in models] for n in names})
+    ax.set_ylabel("throughput ÷ the best system's")
+    ax.set_title("model-level throughput, same models, data and workers")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def plot_alpha(results, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    tokens = sorted(int(t) for t in results)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in ("kvhybrid", "dist_sync"):
+        ax.plot(tokens, [results[str(t)][name]["words_per_second"] for t in tokens], marker="o",
+                label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("words per sample (α grows with it)")
+    ax.set_ylabel("words / s")
+    ax.set_title("LM-like: throughput against α")
+    ax.legend()
+    save_figure(fig, path)
+
+
+def main(argv=None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    p = argparse.ArgumentParser(prog="python -m kvhybrid.bench.models",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["lm", "nmt", "cnn"])
+    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--servers", type=int, help="default: 1 on loopback, one per emulated host")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=50, help="words per sample")
+    p.add_argument("--alpha-tokens", type=int, nargs="*", default=[],
+                   help="LM-like: also sweep words per sample (α) for kvhybrid and dist_sync")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="emulate this many hosts (network namespaces, root only) joined by "
+                        "links of --rate; 0: everything on loopback")
+    p.add_argument("--rate", default="1gbit", help="emulated link bandwidth (tc tbf rate)")
+    p.add_argument("--delay", help="emulated link latency each way (tc netem delay), e.g. 100us")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--name", default="models", help="file names: NAME.md, NAME.json, NAME.png")
+    args = p.parse_args(argv)
+    if args.steps <= args.warmup:
+        p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    args.servers = args.servers or args.hosts or 1
+    if args.hosts and args.workers % args.hosts:
+        p.error(f"--workers ({args.workers}) must be a multiple of --hosts ({args.hosts})")
+    with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
+            contextlib.ExitStack() as stack:
+        args.launcher_args = []
+        where = "loopback"
+        if args.hosts:
+            cluster = stack.enter_context(EmulatedCluster(args.hosts, args.rate, args.delay))
+            hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // args.hosts)
+            args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
+            where = (f"{args.hosts} emulated hosts at {args.rate}"
+                     + (f", {args.delay} latency" if args.delay else ""))
+        results = {m: {n: run_system(args, m, n, args.tokens, tmp) for n in args.systems}
+                   for m in args.models}
+        sweep = {str(t): {n: run_system(args, "lm", n, t, tmp) for n in ("kvhybrid", "dist_sync")}
+                 for t in args.alpha_tokens}
+    table = "\n".join([
+        f"# Model-level throughput, {where}: {args.workers} workers, {args.servers} server(s), batch "
+        f"{args.batch_size} per worker, {args.tokens} words per sample", "",
+        ratio_table(results, args.steps), "",
+        "Median step after warm-up. Loss: on one fixed batch after the run (synchronous "
+        "systems take the same steps). MB: what kvhybrid handed to MPI collectives and "
+        "pushed to the servers, per worker and step (pulls not counted).", "",
+        *footer("models")]) + "\n"
+    write_outputs(args.out, args.name, table, results, plot)
+    if sweep:
+        lines = [f"# LM-like, {where}: kvhybrid and dist_sync against α", "",
+                 "| words per sample | kvhybrid words/s | dist_sync words/s | speedup |",
+                 "|---:|---:|---:|---:|"]
+        for t, r in sweep.items():
+            a, b = r["kvhybrid"]["words_per_second"], r["dist_sync"]["words_per_second"]
+            lines.append(f"| {t} | {a:,.0f} | {b:,.0f} | {a / b:.2f}× |")
+        write_outputs(args.out, f"{args.name}_alpha", "\n".join(lines + ["", *footer("models")]) + "\n",
+                      sweep, plot_alpha)
+
+
+if __name__ == "__main__":
+    main()
