@@ -32,7 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="untimed first steps")
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker")
     p.add_argument("--tokens", type=int, default=50, help="words per sample (sets alpha)")
-    p.add_argument("--lr", type=float, default=0.05, help="per sample of the global batch")
+    p.add_argument("--lr", type=float, help="per sample of the global batch (default: the model's)")
     return p.parse_args(argv)
 
 
@@ -65,7 +65,8 @@ def main(argv=None) -> None:
     mx.random.seed(0)
     net = model.build(args.system != "horovod")
     net.initialize(mx.init.Xavier())
-    trainer, rank, workers, kv = make_trainer(args.system, net, args.lr, args.batch_size)
+    trainer, rank, workers, kv = make_trainer(args.system, net, args.lr or model.lr,
+                                              args.batch_size)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(1000 + rank)
     batches = [model.batch(rng, args.batch_size, args.tokens) for _ in range(8)]
