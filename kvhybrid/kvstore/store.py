@@ -450,12 +450,12 @@ class HybridMPIStore(mx.kv.KVStore):
                 self._servers.push_pull_many([(k, wire, wire) for (k, *_), wire in
                                               zip(items, wires)])
                 for wire, total, (*_, slot) in zip(wires, sums, items):
-                    np.copyto(flat[total._start:total._stop],
+                    np.copyto(flat[total.span],
                               self._views.get(wire, slot.dtype, slot.count))
             broadcast_view(flat, 0, self.group, name=f"{bucket.name} from the servers",
                            patient=True)
             for (k, value_k, out_k, slot), total, wire in zip(items, sums, wires):
-                answer = flat[total._start:total._stop]
+                answer = flat[total.span]
                 dst = list(out_k if out_k is not None else value_k)
                 if self._updater is not None:
                     dst.append(slot.value)

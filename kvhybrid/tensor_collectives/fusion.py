@@ -77,6 +77,11 @@ class FusedSum:
         self._shape, self._array = shape, array
 
     @property
+    def span(self) -> slice:
+        """Where the tensor lies in its bucket's flat sum."""
+        return slice(self._start, self._stop)
+
+    @property
     def in_place(self) -> bool:
         return self._array is not None
 
