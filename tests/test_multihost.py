@@ -52,3 +52,43 @@ def test_a_group_spanning_emulated_hosts_over_shaped_links(tmp_path):
         names = cluster.names + [cluster.switch]
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(name in left for name in names), left
+
+
+def test_stopping_a_cluster_benchmark_leaves_no_process_and_no_host(tmp_path):
+    """SIGTERM to the model benchmark mid-job: the running launcher stops its job, the
+    emulated hosts are deleted, nothing of the job is left running."""
+    import os
+    import signal
+    import sys
+    import time
+    from mpirun import ROOT, job_env
+    proc = subprocess.Popen([sys.executable, "-m", "kvhybrid.bench.models", "--models", "lm",
+                             "--systems", "kvhybrid", "--hosts", "2", "--workers", "2",
+                             "--steps", "100000", "--out", str(tmp_path)],
+                            cwd=ROOT, env=job_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "model_worker" not in _processes(tmp_path):
+            time.sleep(1)
+        assert "model_worker" in _processes(tmp_path), "the benchmark never started its job"
+        time.sleep(5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    time.sleep(2)
+    assert _processes(tmp_path) == "", out[-3000:]
+    hosts = f"kvc{proc.pid % 250}h"   # EmulatedCluster's names in that process
+    assert hosts not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                       text=True).stdout
+
+
+def _processes(tmp_path) -> str:
+    """The command lines of this test's job still running (they name its temporary folder
+    or the benchmark's worker)."""
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return "\n".join(line for line in ps.splitlines()
+                     if "kvhybrid.bench.model_worker" in line and "--steps 100000" in line)

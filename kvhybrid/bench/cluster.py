@@ -89,7 +89,8 @@ class EmulatedCluster:
         return self
 
     def _on_term(self, signum, frame) -> None:
-        self.close()
+        # unwind: the running job is stopped first (bench.common.run_job), the hosts
+        # deleted last (__exit__), so no process is left in a deleted namespace
         raise SystemExit(128 + signum)
 
     def hostfile(self, path: Path, slots: int) -> Path:

@@ -27,16 +27,37 @@ def timed(fn: Callable[[], None], repeats: int, warmup: int, barrier) -> List[fl
 
 def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, what: str,
             bench: str) -> None:
-    """Run a benchmark job; exit with its output's tail (naming ``what``) if it fails."""
+    """Run a benchmark job; exit with its output's tail (naming ``what``) if it fails. On a
+    timeout, or when the benchmark itself is stopped, the job (a ``kvhybrid-launch``) gets
+    SIGTERM first, so that it stops its scheduler, servers and mpiruns; SIGKILL only
+    after ``STOP_GRACE`` seconds."""
+    proc = subprocess.Popen(list(cmd), env=dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        proc = subprocess.run(list(cmd), env=dict(env), capture_output=True, text=True,
-                              timeout=timeout)
+        output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _stop(proc)
         raise SystemExit(f"{bench}: {what} did not finish in {timeout:.0f} s; raise "
                          "--timeout") from None
+    except BaseException:   # Ctrl-C or SIGTERM of the benchmark
+        _stop(proc)
+        raise
     if proc.returncode != 0:
-        raise SystemExit(f"{bench}: {what} failed (exit {proc.returncode}):\n"
-                         f"{(proc.stdout + proc.stderr)[-3000:]}")
+        raise SystemExit(f"{bench}: {what} failed (exit {proc.returncode}):\n{output[-3000:]}")
+
+
+STOP_GRACE = 30.0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    import os
+    import signal
+    proc.terminate()
+    try:
+        proc.communicate(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
 
 
 def footer(module: str) -> List[str]:

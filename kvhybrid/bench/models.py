@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -150,6 +151,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="models", help="file names: NAME.md, NAME.json, NAME.png")
     args = p.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the running job is stopped, the emulated hosts deleted
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     args.servers = args.servers or args.hosts or 1

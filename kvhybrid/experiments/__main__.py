@@ -87,23 +87,32 @@ def run_mode(args, task: str, mode: Mode, folder: Path) -> float:
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)   # the launcher stops its job
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _stop(proc)
             raise RuntimeError(f"{task} under {mode.name} did not finish in {args.timeout:.0f} s "
                                "(raise --timeout)")
+        except BaseException:   # Ctrl-C or SIGTERM of the runner: leave nothing running
+            _stop(proc)
+            raise
     if rc != 0:
         tail = (folder / "job.log").read_text()[-3000:]
         raise RuntimeError(f"{task} under {mode.name} failed (exit {rc}):\n{tail}")
     return time.perf_counter() - start
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the launcher, which stops its job; SIGKILL to all of it 30 s later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(t, m) for t in args.tasks for m in args.modes]
