@@ -89,8 +89,8 @@ class HybridMPIElasticStore(HybridMPIStore):
         return result
 
     def _push_rows(self, key: Key, slot: KeySlot, arrays) -> None:
-        """Sparse gradients of a dense weight: summed and applied in the group (or, on the
-        'dense' route, by ``_sum_and_update``, which counts the step itself)."""
+        """A table's sparse gradients: summed and applied in the group (or, on the 'dense'
+        route, by ``_sum_and_update``, which counts the step itself)."""
         super()._push_rows(key, slot, arrays)
         if slot.route != "dense":
             self._count_step(key, slot)
