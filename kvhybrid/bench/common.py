@@ -36,11 +36,11 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, what: st
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _stop(proc)
+        stop_job(proc)
         raise SystemExit(f"{bench}: {what} did not finish in {timeout:.0f} s; raise "
                          "--timeout") from None
     except BaseException:   # Ctrl-C or SIGTERM of the benchmark
-        _stop(proc)
+        stop_job(proc)
         raise
     if proc.returncode != 0:
         raise SystemExit(f"{bench}: {what} failed (exit {proc.returncode}):\n{output[-3000:]}")
@@ -49,7 +49,9 @@ def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, what: st
 STOP_GRACE = 30.0
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_job(proc: subprocess.Popen) -> None:
+    """SIGTERM to a job's launcher, which stops its scheduler, servers and mpiruns;
+    SIGKILL to its whole session ``STOP_GRACE`` seconds later."""
     import os
     import signal
     proc.terminate()

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from ..bench.common import stop_job
 from . import report
 from .modes import MODES, Mode
 from .tasks import TASKS
@@ -87,26 +88,16 @@ def run_mode(args, task: str, mode: Mode, folder: Path) -> float:
         try:
             rc = proc.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            _stop(proc)
+            stop_job(proc)
             raise RuntimeError(f"{task} under {mode.name} did not finish in {args.timeout:.0f} s "
                                "(raise --timeout)")
         except BaseException:   # Ctrl-C or SIGTERM of the runner: leave nothing running
-            _stop(proc)
+            stop_job(proc)
             raise
     if rc != 0:
         tail = (folder / "job.log").read_text()[-3000:]
         raise RuntimeError(f"{task} under {mode.name} failed (exit {rc}):\n{tail}")
     return time.perf_counter() - start
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the launcher, which stops its job; SIGKILL to all of it 30 s later."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def main(argv=None) -> int:
