@@ -60,15 +60,29 @@ def test_runner_writes_curves_tables_and_plots(three_modes):
     assert "[6/6] done" in output
 
 
-def test_mpi_sgd_trains_exactly_as_mxnets_dist_sync(three_modes):
+#: how closely MXNet's dist_sync repeats *itself*: its servers add the 4 workers' gradients in
+#: arrival order, so the last bits differ between runs and 2 epochs of the LM (4,000 momentum
+#: steps) amplify them. Five runs of `--tasks lm --modes dist-SGD --epochs 2` on the 2-core
+#: VM spread by 7e-5 (epoch 1) and 2.9e-4 (epoch 2) in loss, and by 1.0e-3 in accuracy (4 of
+#: 4,096 samples). The bounds keep 3-4x margin over that; a real fault (a group's gradient
+#: dropped or counted twice, a wrong learning-rate scale) moves epoch 1's loss by percents.
+DIST_SYNC_LOSS_REL = 1e-3
+DIST_SYNC_ACCURACY_ABS = 4e-3
+
+
+def test_mpi_sgd_trains_as_mxnets_dist_sync(three_modes):
     """Synchronous data parallelism: kvhybrid with 2 client groups of 2 workers and MXNet's
-    own dist_sync with 4 workers see the same batches, so every epoch's validation matches,
-    for the dense MLP and for the sparse LM (SparseEmbedding rows on the servers)."""
+    own dist_sync with 4 workers see the same batches, so every epoch's validation matches
+    as closely as dist_sync matches itself, for the dense MLP and for the sparse LM
+    (SparseEmbedding rows on the servers). Exact equality with single-process training is
+    tested without dist_sync's arrival-order sums (test_equivalence.py, test_sparse.py)."""
     out, _ = three_modes
     for task in ("digits", "lm"):
         got = rows(out / f"{task}.csv")
         for epoch in ("1", "2"):
             a, b = [next(r for r in got if r["mode"] == m and r["epoch"] == epoch)
                     for m in ("dist-SGD", "mpi-SGD")]
-            assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=1e-4), (task, epoch)
-            assert float(a["accuracy"]) == pytest.approx(float(b["accuracy"]), abs=1.5e-3)
+            assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=DIST_SYNC_LOSS_REL), \
+                (task, epoch)
+            assert float(a["accuracy"]) == pytest.approx(float(b["accuracy"]),
+                                                         abs=DIST_SYNC_ACCURACY_ABS), (task, epoch)
