@@ -66,6 +66,18 @@ def _parse_algorithm(name: str, raw: str) -> str:
     return value
 
 
+#: who pushes a client group's rows to the servers (KVHYBRID_ROW_MASTERS)
+ROW_MASTERS = ("group", "host")
+
+
+def _parse_row_masters(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ROW_MASTERS:
+        raise ConfigError(f"{name}={raw!r}: set it to group (the group's master pushes the "
+                          "group's rows) or host (each host's first rank pushes its host's rows)")
+    return value
+
+
 def _parse_routes(name: str, raw: str) -> Dict[str, str]:
     from .kvstore.routing import ROUTES
     routes = {}
@@ -112,6 +124,11 @@ class StoreConfig:
     #: KVHYBRID_ROUTES: force where a row_sparse key's gradients go, by key or
     #: Parameter name: "embedding0_weight=dense,3=servers" (routes: servers, rows, dense).
     routes: Dict[str, str] = field(default_factory=dict)
+    #: KVHYBRID_ROW_MASTERS: who aggregates a group's row_sparse gradients and talks to
+    #: the servers for them: "group" (the group's master, MXNET-MPI) or "host" (each host's
+    #: first rank for its host's ranks, Parallax's local aggregation; dense keys are still
+    #: allreduced over the whole group). "host" needs one client group and servers.
+    row_masters: str = "group"
     #: KVHYBRID_AR_EFFICIENCY: how many times faster a byte moves by allreduce than
     #: through the servers, in the routing model (kvstore/routing.py); 1: Table 3 as is.
     ar_efficiency: float = 1.0
@@ -129,7 +146,8 @@ class StoreConfig:
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
-    #: of client groups (one ps-lite worker, the group's master, per group).
+    #: of ps-lite workers: client groups (one master per group), or with
+    #: KVHYBRID_ROW_MASTERS=host the hosts of the one group.
     num_clients: int = 1
 
     _ENV = {
@@ -143,6 +161,7 @@ class StoreConfig:
         "emulate_node_size": ("KVHYBRID_EMULATE_NODE_SIZE", _parse_count),
         "routes": ("KVHYBRID_ROUTES", _parse_routes),
         "ar_efficiency": ("KVHYBRID_AR_EFFICIENCY", _parse_positive),
+        "row_masters": ("KVHYBRID_ROW_MASTERS", _parse_row_masters),
         "partitions": ("KVHYBRID_PARTITIONS", _parse_partitions),
         "stats_file": ("KVHYBRID_STATS_FILE", lambda name, raw: raw.strip()),
         "elastic_alpha": ("KVHYBRID_ELASTIC_ALPHA", _parse_fraction),

@@ -48,6 +48,10 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                    help="size like Parallax: a server per host for sparse models, none for dense; "
                         "a client group per host")
     p.add_argument("--sparse", action="store_true", help="the model has row_sparse keys (--auto)")
+    p.add_argument("--row-masters", choices=("group", "host"), default="group",
+                   help="who aggregates row_sparse gradients for the servers: the group's master "
+                        "(default), or each host's first rank for its host (one client group; "
+                        "dense keys stay allreduced over the group)")
     p.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:4,node2:4 (default: this machine)")
     p.add_argument("--hostfile", help="an MPI hostfile ('host slots=N' lines)")
     p.add_argument("--launcher", default="local", choices=TRANSPORTS,
@@ -95,8 +99,10 @@ def make_plan(args) -> JobPlan:
         hosts = parse_hostfile(args.hostfile)
     else:
         hosts = local_hosts(args.num_workers)
+    emulate = os.environ.get("KVHYBRID_EMULATE_NODE_SIZE", "").strip()
     return plan_job(JobSpec(args.num_workers, args.clients, args.servers, tuple(hosts),
-                            args.launcher, args.auto, args.sparse))
+                            args.launcher, args.auto, args.sparse, args.row_masters,
+                            int(emulate) if emulate.isdigit() else 0))
 
 
 NETNS_RSH = Path(__file__).resolve().parent / "netns_rsh.sh"
@@ -137,9 +143,15 @@ class Job:
             return {}
         env = {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": self.addresses[self.plan.scheduler_host],
                "DMLC_PS_ROOT_PORT": str(self.port), "DMLC_NUM_SERVER": str(self.plan.num_servers),
-               "DMLC_NUM_WORKER": str(self.plan.num_clients),
+               "DMLC_NUM_WORKER": str(self.plan.ps_workers),
                "DMLC_NODE_HOST": self.addresses[host],
                "PS_VERBOSE": self.base_env.get("PS_VERBOSE", "0")}
+        if role == "worker" and self.plan.spec.row_masters == "host":
+            env["KVHYBRID_ROW_MASTERS"] = "host"
+            if len({h for h, _ in self.plan.clients[0].ranks}) > 1:
+                # one mpirun reaches every host, so one address cannot fit every master:
+                # each finds its own (DMLC_INTERFACE, --interface, or its first non-loopback)
+                del env["DMLC_NODE_HOST"]
         if self.interface:
             env["DMLC_INTERFACE"] = self.interface
         return env

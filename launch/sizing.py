@@ -4,7 +4,8 @@ MXNET-MPI §4.1.2: given #workers, #clients and #servers, each client group
 gets #workers / #clients workers (its rank 0 is the master, the ps-lite
 worker); the scheduler and the servers are placed on the hosts; every client
 group is its own ``mpirun``. With 0 servers there is one group and no
-scheduler (pure MPI).
+scheduler (pure MPI). ``--row-masters host`` (one group) makes each host's first
+rank a ps-lite worker for its host's rows (Parallax's local aggregation).
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class JobSpec:
     launcher: str = "local"
     auto: bool = False
     sparse: bool = False              # the model has row_sparse keys (for --auto)
+    row_masters: str = "group"        # who pushes rows: the group's master, or each host's
+    emulate_node_size: int = 0        # KVHYBRID_EMULATE_NODE_SIZE: ranks per emulated host
 
 
 @dataclass
@@ -52,6 +55,15 @@ class JobPlan:
     scheduler_host: Optional[str]
     server_hosts: List[str] = field(default_factory=list)
     clients: List[ClientPlan] = field(default_factory=list)
+
+    @property
+    def ps_workers(self) -> int:
+        """ps-lite workers (DMLC_NUM_WORKER): a master per client group, or with
+        ``--row-masters host`` one per host of the group (per emulated host if emulated)."""
+        if self.spec.row_masters != "host":
+            return self.num_clients
+        k = self.spec.emulate_node_size
+        return sum(-(-n // k) if k else 1 for _, n in self.clients[0].ranks)
 
 
 def _divisors(n: int) -> List[int]:
@@ -82,6 +94,9 @@ def plan_job(spec: JobSpec) -> JobPlan:
     if servers == 0 and clients > 1:
         raise SizingError(f"--clients {clients} needs --servers >= 1: client groups talk through "
                           "the parameter servers (use --clients 1 for pure MPI)")
+    if spec.row_masters == "host" and (servers == 0 or clients != 1):
+        raise SizingError("--row-masters host aggregates each host's rows of one client group "
+                          "for the parameter servers: use it with --clients 1 and --servers >= 1")
     if spec.launcher == "local":
         remote = [h.name for h in hosts if not h.is_local]
         if remote:
@@ -130,6 +145,9 @@ def format_table(plan: JobPlan, ports: Optional[dict] = None) -> str:
         role = ("mpirun; its rank 0 is the master (ps-lite worker)" if plan.num_servers
                 else "mpirun")
         lines.append(f"{f'client {c.client}':<14}{where:<18}{c.size:<10}{role}")
-    if plan.num_servers:
+    if plan.spec.row_masters == "host":
+        lines.append(f"rows aggregated per host: each host's first rank is a ps-lite worker "
+                     f"({plan.ps_workers} in all); global ranks are the mpirun's")
+    elif plan.num_servers:
         lines.append("global ranks follow the order ps-lite's scheduler gives the masters")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ def test_defaults_and_values():
     ("KVHYBRID_EMULATE_NODE_SIZE", "-1", "integer >= 0"),
     ("KVHYBRID_TIMEOUT", "soon", "seconds > 0"),
     ("KVHYBRID_ABORT_ON_ERROR", "maybe", "1 or 0"),
+    ("KVHYBRID_ROW_MASTERS", "rack", "set it to group"),
 ])
 def test_bad_value_names_variable_and_fix(var, value, hint):
     with pytest.raises(ConfigError) as err:

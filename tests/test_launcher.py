@@ -43,6 +43,15 @@ def test_sizing_groups_may_span_hosts():
     assert [c.ranks for c in p.clients] == [[("a", 3)], [("a", 1), ("b", 2)]]
 
 
+def test_sizing_row_masters_per_host_makes_a_ps_lite_worker_of_each_host():
+    p = plan(6, 1, 2, hosts=(("a", 4), ("b", 2)), launcher="ssh", row_masters="host")
+    assert (p.num_clients, p.ps_workers) == (1, 2)
+    assert "each host's first rank is a ps-lite worker (2 in all)" in format_table(p)
+    emulated = plan(8, 1, 1, row_masters="host", emulate_node_size=2)   # 4 hosts of 2 ranks
+    assert emulated.ps_workers == 4
+    assert plan(4, 2, 2).ps_workers == 2                                # a master per group
+
+
 def test_sizing_pure_mpi_and_auto():
     p = plan(4)
     assert (p.num_clients, p.num_servers, p.scheduler_host) == (1, 0, None)
@@ -121,6 +130,8 @@ def test_interface_names_the_address_processes_advertise():
     (["-n", 2, "--launcher", "carrier-pigeon"], "invalid choice: 'carrier-pigeon'"),
     (["-n", 2, "--launcher", "slurm"], "slurm is not supported yet"),
     (["-n", 0], "-n must be at least 1"),
+    (["-n", 4, "--clients", 2, "--servers", 1, "--row-masters", "host"], "use it with --clients 1"),
+    (["-n", 4, "--row-masters", "host"], "--servers >= 1"),
 ])
 def test_bad_input_exits_2_with_one_line_and_starts_nothing(args, message):
     r = launch(*args, "python", "examples/train_mlp.py")

@@ -54,6 +54,26 @@ def test_a_group_spanning_emulated_hosts_over_shaped_links(tmp_path):
     assert not any(name in left for name in names), left
 
 
+def test_rows_aggregated_per_host_across_two_hosts_train_as_one_process(tmp_path):
+    """--row-masters host on 2 emulated hosts: one group allreduces the dense keys over both,
+    and each host's first rank (a ps-lite worker that finds its own host's address) pushes
+    its host's rows of a SparseEmbedding; the weights equal single-process training."""
+    from kvhybrid.bench.cluster import EmulatedCluster
+    from test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
+    with EmulatedCluster(hosts=2, rate="1gbit") as cluster:
+        hostfile = cluster.hostfile(tmp_path / "hosts", slots=2)
+        r = run_launcher(["-n", 4, "--servers", 2, "--row-masters", "host", "--launcher",
+                          "netns", "--hostfile", hostfile], "train_sparse.py",
+                         [tmp_path, 1, STEPS, PER_DEVICE, "weight"], timeout=180)
+        assert r.returncode == 0, r.output[-4000:]
+    assert "each host's first rank is a ps-lite worker (2 in all)" in r.output
+    # ranks 0 and 2 (each host's first) pushed rows to the servers, ranks 1 and 3 did not
+    for rank, pushed in enumerate([True, False, True, False]):
+        line = next(x for x in r.output.splitlines() if f"rank {rank}: bytes sent" in x)
+        assert ("'servers': 0}" not in line) == pushed, line
+    assert_matches_single_process(tmp_path, "weight", 4, 1)
+
+
 def test_stopping_a_cluster_benchmark_leaves_no_process_and_no_host(tmp_path):
     """SIGTERM to the model benchmark mid-job: the running launcher stops its job, the
     emulated hosts are deleted, nothing of the job is left running."""

@@ -22,25 +22,32 @@ SHAPES = [(2, 1, 1, 0), (4, 2, 1, 0), (4, 1, 1, 1), (4, 1, 2, 2), (4, 1, 4, 2)]
 # tables split into 3 pieces on the servers (KVHYBRID_PARTITIONS): one group with a server,
 # and two groups with two servers (each piece split over both)
 SHAPES += [(4, 1, 1, 1, 3), (4, 1, 2, 2, 3)]
+# rows aggregated per host (--row-masters host) on 2 emulated hosts of 2 ranks: each host's
+# first rank pushes its host's rows; with 2 devices per worker and 2 pieces too
+SHAPES += [(4, 1, 1, 2, 1, "host"), (4, 2, 1, 1, 2, "host")]
 KINDS = ["grad", "weight"]
 
 
 def _id(s) -> str:
     return f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers" + \
-        (f"-{s[4]}pieces" if len(s) > 4 else "")
+        (f"-{s[4]}pieces" if len(s) > 4 else "") + (f"-{s[5]}-masters" if len(s) > 5 else "")
 
 
 @pytest.fixture(scope="module", params=SHAPES, ids=_id)
 def sparse_job(request, tmp_path_factory):
     ranks, ndev, clients, servers = request.param[:4]
-    env = {"KVHYBRID_PARTITIONS": str(request.param[4])} if len(request.param) > 4 else None
+    env = {"KVHYBRID_PARTITIONS": str(request.param[4])} if len(request.param) > 4 else {}
+    extra = []
+    if len(request.param) > 5:
+        env["KVHYBRID_EMULATE_NODE_SIZE"] = "2"
+        extra = ["--row-masters", request.param[5]]
     out = tmp_path_factory.mktemp(f"sparse-{_id(request.param)}")
     for kind in KINDS:   # one store per process with servers: one job per model
         args = [out, ndev, STEPS, PER_DEVICE, kind]
         if servers == 0:
             r = run_job(ranks, "train_sparse.py", args, timeout=240)
         else:
-            r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],
+            r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers, *extra],
                              "train_sparse.py", args, timeout=240, env=env)
         assert r.returncode == 0, r.output[-4000:]
     return ranks, ndev, out
@@ -67,6 +74,11 @@ def reference(kind: str, init: dict, ranks: int, ndev: int) -> dict:
 @pytest.mark.parametrize("kind", KINDS, ids=["sparse_grad", "SparseEmbedding"])
 def test_sparse_models_match_single_process(sparse_job, kind):
     ranks, ndev, out = sparse_job
+    assert_matches_single_process(out, kind, ranks, ndev)
+
+
+def assert_matches_single_process(out, kind: str, ranks: int, ndev: int) -> None:
+    """Every rank's weights, written by train_sparse.py into ``out``, equal one process's."""
     init = dict(np.load(out / f"{kind}-init.npz"))
     ref = reference(kind, init, ranks, ndev)
     for rank in range(ranks):

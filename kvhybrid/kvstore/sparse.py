@@ -19,6 +19,9 @@ Where the rows live:
   pushes them once (local aggregation); pulls go through the master, which asks
   the servers for the union of its group's rows and hands each rank its own.
   Only the rows touched travel, so traffic scales with α, not with the table.
+  With ``KVHYBRID_ROW_MASTERS=host`` the store passes each host's ranks as the group
+  here: every host's first rank aggregates, pushes and pulls its host's rows (Parallax),
+  so no one master's link carries the whole group's rows.
 """
 from __future__ import annotations
 

@@ -15,6 +15,12 @@ group's master pushes the group's sum to MXNet's parameter servers, pulls the
 result (the sum over groups, or the weight the servers' optimizer updated)
 and broadcasts it inside its group.
 
+With one group spanning several hosts and ``KVHYBRID_ROW_MASTERS=host``
+(``kvhybrid-launch --row-masters host``), row_sparse gradients are aggregated
+per host instead (Parallax's local aggregation): each host's first rank is a
+ps-lite worker that pushes and pulls its host's rows, so no single master's
+link carries every row; dense keys are still allreduced over the whole group.
+
 row_sparse keys (sparse weights, sparse gradients) move only the rows touched;
 ``sparse.py`` says where their rows live.
 
@@ -42,13 +48,14 @@ import mxnet as mx
 from mxnet.base import _LIB, KVStoreHandle, c_str, check_call
 
 from ..config import StoreConfig
-from ..errors import KeyValueError, KVHybridError
+from ..errors import ConfigError, KeyValueError, KVHybridError
 from ..tensor_collectives import Group, allreduce_array, broadcast_array
 from ..tensor_collectives.ops import broadcast_view
 from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
 from ..tensor_collectives.ndarray_view import ViewCache, is_host
 from ..tensor_collectives.ops import copy_to_all, reduce_local
 from ..tensor_collectives.rows import local_ids
+from ..tensor_collectives.topology import Topology
 from . import routing, sparse
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec, zeros
@@ -147,21 +154,58 @@ class HybridMPIStore(mx.kv.KVStore):
         self._clock_key = None                      # the first key pushed: one push per step
         self._ticks: List[float] = []
         self._closed = False
-        # With parameter servers, the group's master is a ps-lite worker; with several client
-        # groups, dense keys are summed across groups through the servers.
+        # With parameter servers, the group's master is a ps-lite worker (with
+        # KVHYBRID_ROW_MASTERS=host, each host's first rank); with several client groups,
+        # dense keys are summed across groups through the servers.
         self._servers: Optional[ServerLink] = None
-        self._cross = self.config.num_clients > 1
+        host_masters = self._check_row_masters()
+        self._cross = self.config.num_clients > 1 and not host_masters
+        #: the ranks whose row_sparse gradients one master aggregates and exchanges with the
+        #: servers: the whole group, or this rank's host (KVHYBRID_ROW_MASTERS=host)
+        self.row_group = self._host_group() if host_masters else self.group
         ps_rank = 0
-        if self.config.num_servers > 0 and self.group.rank == 0:
-            self._servers = server_link(self.group.watchdog, self.config.connect_timeout,
+        if self.config.num_servers > 0 and self.row_group.rank == 0:
+            self._servers = server_link(self.row_group.watchdog, self.config.connect_timeout,
                                         self.SERVER_MODE)
             ps_rank = self._servers.ps_rank
-        self._client_rank, self._num_clients = self._agree_on_clients(ps_rank)
+        self._client_rank, self._num_clients = ((0, 1) if host_masters
+                                                else self._agree_on_clients(ps_rank))
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
                  self.rank, self.num_workers, self._client_rank, self._num_clients,
                  self.config.num_servers)
+
+    def _check_row_masters(self) -> bool:
+        """Whether rows are aggregated per host; refuses settings that cannot work, on every
+        rank, before anything connects."""
+        if self.config.row_masters != "host":
+            return False
+        if self.config.num_servers == 0:
+            raise ConfigError("KVHYBRID_ROW_MASTERS=host sends each host's rows to the parameter "
+                              "servers, and this job has none: add servers (kvhybrid-launch "
+                              "--servers 1 or more) or unset KVHYBRID_ROW_MASTERS")
+        if self.SERVER_MODE != "dist_sync":
+            raise ConfigError(f"KVHYBRID_ROW_MASTERS=host is for the synchronous {NAME} store, "
+                              f"not {type(self).__name__}: unset it")
+        return True
+
+    def _host_group(self) -> Group:
+        """This rank's host (KVHYBRID_EMULATE_NODE_SIZE emulates hosts), checked against the
+        number of ps-lite workers: one per host."""
+        with self.group.watchdog.waiting("the ranks to map their hosts"):
+            node = Topology.of(self.group.MPI, self.group.comm,
+                               self.config.emulate_node_size).node
+            hosts = self.group.comm.allreduce(1 if node.Get_rank() == 0 else 0)
+        if hosts != self.config.num_clients:
+            raise ConfigError(f"KVHYBRID_ROW_MASTERS=host makes each of the group's {hosts} hosts "
+                              f"a ps-lite worker, but DMLC_NUM_WORKER is "
+                              f"{self.config.num_clients}: set DMLC_NUM_WORKER={hosts} "
+                              "(kvhybrid-launch --row-masters host does) and run one client "
+                              "group")
+        group = Group(self.group.MPI, node, self.config, "host")
+        group.bytes_sent = self.group.bytes_sent   # one tally per process
+        return group
 
     def _agree_on_clients(self, ps_rank: int):
         """Every rank learns its group's place among the groups (the master's ps-lite rank)."""
@@ -262,8 +306,12 @@ class HybridMPIStore(mx.kv.KVStore):
                 if self._dense_on_servers() and self._servers is not None:
                     self._servers.init(key, slot.value, slot.value)   # as a dense key
             broadcast_array(slot.value, 0, self.group, name=f"key {key!r}")
-        elif self._servers is not None:
-            self._servers.init_rows(key, value.tostype("default"), self.config.partitions)
+        else:
+            table = value.tostype("default")
+            if self.row_group is not self.group:   # rank 0's table, whichever master inits
+                broadcast_array(table, 0, self.group, name=f"key {key!r}")
+            if self._servers is not None:
+                self._servers.init_rows(key, table, self.config.partitions)
         self._slots[key] = slot
 
     @_unrecorded
@@ -521,7 +569,7 @@ class HybridMPIStore(mx.kv.KVStore):
             slot.rows_on_servers = True
             self._memo.clear()   # checked pushpull calls of this key no longer hold
         if slot.rows_on_servers:
-            sparse.push_to_servers(key, slot, arrays, ids, self.group, self._servers)
+            sparse.push_to_servers(key, slot, arrays, ids, self.row_group, self._servers)
         else:
             sparse.push_in_group(key, slot, arrays, ids, self.group, self._updater)
 
@@ -563,7 +611,7 @@ class HybridMPIStore(mx.kv.KVStore):
         if slot.rows_on_servers:
             if slot.value is None:
                 slot.value = zeros(slot.shape, mx.cpu(), slot.dtype)
-            sparse.pull_whole_table(key, slot, slot.value, self.group, self._servers)
+            sparse.pull_whole_table(key, slot, slot.value, self.row_group, self._servers)
             slot.rows_on_servers = False
         self._memo.clear()
 
@@ -641,7 +689,7 @@ class HybridMPIStore(mx.kv.KVStore):
             slot = self._slots[k]
             into = slot.value if slot.value is not None else out_k[0]
             if slot.rows_on_servers:
-                sparse.pull_whole_table(k, slot, into, self.group, self._servers)
+                sparse.pull_whole_table(k, slot, into, self.row_group, self._servers)
             elif self._cross:
                 if self._servers is not None:
                     self._servers.pull(k, slot.value)
@@ -685,7 +733,8 @@ class HybridMPIStore(mx.kv.KVStore):
             work = self._check("row_sparse_pull", build, f" of key {key!r}")
         for k, slot, outs, ids in work:
             if slot.rows_on_servers:
-                sparse.pull_rows_from_servers(k, slot, outs, ids, self.group, self._servers)
+                sparse.pull_rows_from_servers(k, slot, outs, ids, self.row_group,
+                                              self._servers)
             else:
                 sparse.pull_rows_local(slot, outs, ids)
 
@@ -728,8 +777,8 @@ class HybridMPIStore(mx.kv.KVStore):
             took = (self._servers.set_optimizer(self._server_optimizer(optimizer),
                                                 self.config.partitions)
                     if self._servers else True)
-            with self.group.watchdog.waiting("the master to hand the optimizer to the servers"):
-                took = self.group.comm.bcast(took, root=0)
+            with self.group.watchdog.waiting("the masters to hand the optimizer to the servers"):
+                took = all(self.group.comm.allgather(took))
             if not took:
                 name = f"{type(optimizer).__module__}.{type(optimizer).__name__}"
                 raise KVHybridError(
@@ -793,10 +842,10 @@ class HybridMPIStore(mx.kv.KVStore):
         servers, until this group's pushes have been answered by them)."""
         with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
             self.group.comm.Barrier()
-        if self._cross:
+        if self._cross or self.row_group is not self.group:
             if self._servers is not None:
                 self._servers.barrier()
-            with self.group.watchdog.waiting("the master to leave the servers' barrier"):
+            with self.group.watchdog.waiting("the masters to leave the servers' barrier"):
                 self.group.comm.Barrier()
 
     _barrier = barrier
@@ -812,6 +861,8 @@ class HybridMPIStore(mx.kv.KVStore):
                     f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "
                     f"{v['pushes']} pushes, route {v['route']}" for k, v in stats.items()))
             self._servers = None  # the process's server link stays for later stores
+            if self.row_group is not self.group:
+                self.row_group.close()
             self.group.close()
             self._slots.clear()
             self._views.clear()
