@@ -18,7 +18,9 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
 
+from . import model_zoo
 from .model_zoo import MODELS
+from .wire import interface_bytes
 
 SYSTEMS = ("hybrid", "dist_sync", "horovod")
 
@@ -70,9 +72,13 @@ def main(argv=None) -> None:
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(1000 + rank)
     batches = [model.batch(rng, args.batch_size, args.tokens) for _ in range(8)]
-    times = []
+    times, alphas = [], []
     for step in range(args.steps):
         inputs, label = batches[step % len(batches)]
+        if step == args.warmup:   # the timed steps' traffic, counted by the kernel
+            wire_start = interface_bytes()
+        if step >= args.warmup and model.sparse_keys:   # α of each table at this step
+            alphas.append([len(np.unique(x)) / rows for x, rows in zip(inputs, model.vocabs)])
         start = time.perf_counter()
         with autograd.record():
             loss = loss_fn(net(*[mx.nd.array(x) for x in inputs]), mx.nd.array(label))
@@ -81,6 +87,10 @@ def main(argv=None) -> None:
         mx.nd.waitall()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
+    wire_end = interface_bytes()
+    with open(os.path.join(args.out, f"wire-rank{rank}.json"), "w") as f:
+        json.dump({"steps": args.steps - args.warmup,
+                   "interfaces": {k: v - wire_start.get(k, 0) for k, v in wire_end.items()}}, f)
     # the loss after the fixed number of steps, on one batch every system and rank shares
     inputs, label = model.batch(np.random.RandomState(7), 256, args.tokens)
     final = float(loss_fn(net(*[mx.nd.array(x) for x in inputs]), mx.nd.array(label))
@@ -93,6 +103,10 @@ def main(argv=None) -> None:
             json.dump({"model": args.model, "system": args.system, "workers": workers,
                        "step_seconds": step, "words_per_second": words / step,
                        "loss": final, "steps": args.steps, "bytes_sent": sent,
+                       "dense_bytes": sum(p.data().size * 4 for name, p in
+                                          net.collect_params().items() if "embedding" not in name),
+                       "table_bytes": [v * model_zoo.DIM * 4 for v in model.vocabs],
+                       "alpha": np.mean(alphas, axis=0).tolist() if alphas else [],
                        "key_stats": {str(k): v for k, v in kv.key_stats().items()}
                        if hasattr(kv, "key_stats") else {}}, f)
         print(f"{args.model} on {args.system}: {step * 1e3:.1f} ms per step, "

@@ -66,6 +66,8 @@ class Model:
     #: words (or images) one sample counts for in the throughput
     words_per_sample: Callable[[int], int]
     sparse_keys: bool
+    #: rows of each embedding table (each sample's inputs index them in order)
+    vocabs: tuple = ()
     #: SGD's learning rate per sample of the global batch: the CNN's is small enough that
     #: its 60 steps are not chaotic (at 0.05, MXNet's own dist_sync, which sums workers in
     #: arrival order, ended 60 steps 0.3 % apart from itself run to run)
@@ -98,8 +100,8 @@ def _cnn_batch(rng, batch: int, tokens: int):
 
 MODELS: Dict[str, Model] = {
     "lm": Model("lm", lambda sparse: BagOfWords([LM_VOCAB], 80, 100, sparse), _lm_batch,
-                lambda tokens: tokens, True),
+                lambda tokens: tokens, True, vocabs=(LM_VOCAB,)),
     "nmt": Model("nmt", lambda sparse: BagOfWords([NMT_VOCAB, NMT_VOCAB], 256, 100, sparse),
-                 _nmt_batch, lambda tokens: 2 * tokens, True),
+                 _nmt_batch, lambda tokens: 2 * tokens, True, vocabs=(NMT_VOCAB, NMT_VOCAB)),
     "cnn": Model("cnn", lambda sparse: cnn(), _cnn_batch, lambda tokens: 1, False, lr=0.01),
 }

@@ -7,8 +7,11 @@ by side on the same models, data, batch and worker count (Parallax §6).
 
 Systems (each a job through ``kvhybrid-launch``):
 
-* ``kvhybrid``: ``hybrid-mpi``, one client group + servers: dense keys by allreduce,
-  row_sparse keys routed by their α (Parallax's hybrid);
+* ``kvhybrid``: ``hybrid-mpi``, one client group + servers: dense keys by allreduce over
+  every worker, row_sparse keys routed by their α, rows aggregated per host and pushed by
+  each host's first rank (``--row-masters host``: Parallax's hybrid);
+* ``kvhybrid group-master`` (emulated hosts only; on one host it is ``kvhybrid``): the same,
+  but the group's one master aggregates and pushes every host's rows (MXNET-MPI's client);
 * ``kvhybrid all-AR``: every key by allreduce (tables forced ``dense``; no servers);
 * ``kvhybrid all-PS``: every key on the servers (a client group per worker);
 * ``dist_sync``: MXNet's own store (tables as ``SparseEmbedding``), a client per worker;
@@ -16,7 +19,9 @@ Systems (each a job through ``kvhybrid-launch``):
 
 Reports the median step time after warm-up, words (or images) per second, the ratio to each
 peer, the loss after the fixed number of steps (synchronous systems must agree), and the
-bytes kvhybrid handed to MPI and the servers per worker and step. Writes
+bytes kvhybrid handed to MPI and the servers per worker and step; on emulated hosts also
+the bytes each host's link carried per step, counted, next to Parallax's Table 3 for the
+system's routing (``wire.py``). Writes
 ``NAME.{md,json,png}`` (``--name``, default ``models``) and, with ``--alpha-tokens``,
 ``NAME_alpha.{md,json,png}`` into ``--out``. ``--hosts 4 --rate 1gbit`` runs every job on
 an emulated cluster (``cluster.py``: network namespaces joined by shaped links; root only).
@@ -37,12 +42,14 @@ from typing import Dict, List
 from .cluster import EmulatedCluster
 from .common import footer, grouped_bars, run_job, save_figure, write_outputs
 from .model_zoo import MODELS
+from .wire import describe, per_host, table3
 
 log = logging.getLogger("kvhybrid.bench")
 
 #: name -> (worker system, launcher shape, tables forced to allreduce)
 SYSTEMS = {
-    "kvhybrid": ("hybrid", "group+servers", False),
+    "kvhybrid": ("hybrid", "host-masters", False),
+    "kvhybrid group-master": ("hybrid", "group+servers", False),
     "kvhybrid all-AR": ("hybrid", "group", True),
     "kvhybrid all-PS": ("hybrid", "per-worker+servers", False),
     "dist_sync": ("dist_sync", "per-worker+servers", False),
@@ -53,6 +60,9 @@ SYSTEMS = {
 def launcher_args(shape: str, workers: int, servers: int) -> List[str]:
     if shape == "group":
         return ["-n", str(workers)]
+    if shape == "host-masters":
+        return ["-n", str(workers), "--clients", "1", "--servers", str(servers),
+                "--row-masters", "host"]
     clients = 1 if shape == "group+servers" else workers
     return ["-n", str(workers), "--clients", str(clients), "--servers", str(servers)]
 
@@ -73,6 +83,13 @@ def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
     run_job(cmd, env, args.timeout, f"{model} on {name}", "models")
     with open(os.path.join(out, "result.json")) as f:
         result = json.load(f)
+    readings = [json.loads(p.read_text()) for p in Path(out).glob("wire-rank*.json")]
+    # on loopback the interfaces this process sees are the machine's, shared with everything
+    result["wire_per_host"] = per_host(readings) if args.hosts else None
+    machines = args.hosts or args.workers
+    result["table3_per_host"] = table3("dense" if all_ar or system == "horovod" else "rows",
+                                       result["dense_bytes"], result["table_bytes"],
+                                       result["alpha"], machines)
     log.info("models: %-4s %-16s %8.1f ms/step %12s words/s  loss %.5f", model, name,
              result["step_seconds"] * 1e3, f"{result['words_per_second']:,.0f}", result["loss"])
     return result
@@ -92,6 +109,20 @@ def ratio_table(results: Dict[str, Dict[str, dict]], steps: int) -> str:
                   f"{sent.get('servers', 0) / r['steps'] / 2**20:.3f}" if sent else "")
             lines.append(f"| {model} | {name} | {r['step_seconds'] * 1e3:.1f} | "
                          f"{r['words_per_second']:,.0f} | {vs} | {r['loss']:.5f} | {mb} |")
+    return "\n".join(lines)
+
+
+def bytes_table(results: Dict[str, Dict[str, dict]], where: str) -> str:
+    lines = [f"Bytes per host and step ({where}): counted on each host's link (received + "
+             "sent, headers included) against Parallax's Table 3 for the system's routing "
+             "(m variables; dense keys allreduced or on the servers, tables as rows on the "
+             "servers or densified)", "",
+             "| model | system | counted MB | Table 3 MB | counted ÷ Table 3 |",
+             "|---|---|---:|---:|---:|"]
+    for model, systems in results.items():
+        for name, r in systems.items():
+            cells = describe(r.get("wire_per_host"), r["table3_per_host"])
+            lines.append(f"| {model} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -133,7 +164,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m kvhybrid.bench.models",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["lm", "nmt", "cnn"])
-    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
+                   help="default: all (kvhybrid group-master only on emulated hosts)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, help="default: 1 on loopback, one per emulated host")
     p.add_argument("--steps", type=int, default=60)
@@ -156,6 +188,8 @@ def main(argv=None) -> None:
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     args.servers = args.servers or args.hosts or 1
+    args.systems = args.systems or [n for n in SYSTEMS
+                                    if args.hosts or n != "kvhybrid group-master"]
     if args.hosts and args.workers % args.hosts:
         p.error(f"--workers ({args.workers}) must be a multiple of --hosts ({args.hosts})")
     with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
@@ -179,6 +213,7 @@ def main(argv=None) -> None:
         "Median step after warm-up. Loss: on one fixed batch after the run (synchronous "
         "systems take the same steps). MB: what kvhybrid handed to MPI collectives and "
         "pushed to the servers, per worker and step (pulls not counted).", "",
+        bytes_table(results, where), "",
         *footer("models")]) + "\n"
     write_outputs(args.out, args.name, table, results, plot)
     if sweep:
