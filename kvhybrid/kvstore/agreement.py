@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import KeyValueError
 from ..tensor_collectives.group import Group
+from ..tensor_collectives.ops import wait_patiently
 
 _MASK = (1 << 62) - 1
 
@@ -26,17 +27,23 @@ def _digest(signature) -> int:
                           "little") & _MASK
 
 
-def agree(group: Group, what: str, signature, local_error: Optional[str], about: str = "") -> None:
+def agree(group: Group, what: str, signature, local_error: Optional[str], about: str = "",
+          patient: bool = False) -> None:
     """Raise the same KeyValueError on every rank unless all signatures match and no rank failed.
 
     ``what`` names the call in the error (the same on every rank); ``about``
-    adds this rank's detail (e.g. the key) to what the watchdog reports.
+    adds this rank's detail (e.g. the key) to what the watchdog reports. ``patient``: wait
+    without spinning (``wait_patiently``), for jobs whose ranks wait on each other's
+    round trips to the parameter servers.
     """
     MPI = group.MPI
     sig = _digest(signature) if local_error is None else 0
     flags = np.array([sig, -sig, 1 if local_error else 0], dtype=np.int64)
     with group.watchdog.waiting(lambda: f"the ranks to agree on {what}{about}"):
-        group.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+        if patient:
+            wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+        else:
+            group.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
     if flags[0] == -flags[1] and flags[2] == 0:
         return
     with group.watchdog.waiting(f"the ranks to exchange why {what}{about} failed"):

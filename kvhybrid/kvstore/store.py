@@ -170,6 +170,9 @@ class HybridMPIStore(mx.kv.KVStore):
             ps_rank = self._servers.ps_rank
         self._client_rank, self._num_clients = ((0, 1) if host_masters
                                                 else self._agree_on_clients(ps_rank))
+        #: some rank of the group talks to the servers within a step, and the others wait for
+        #: it: waits on the group then sleep between tests instead of spinning (wait_patiently)
+        self._servers_in_step = self.config.num_servers > 0
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
@@ -247,7 +250,7 @@ class HybridMPIStore(mx.kv.KVStore):
             error = None
         except KeyValueError as exc:
             result, signature, error = None, None, str(exc)
-        agree(self.group, what, signature, error, about)
+        agree(self.group, what, signature, error, about, patient=self._servers_in_step)
         return result
 
     def _open(self) -> None:
