@@ -7,11 +7,11 @@ by side on the same models, data, batch and worker count (Parallax §6).
 
 Systems (each a job through ``kvhybrid-launch``):
 
-* ``kvhybrid``: ``hybrid-mpi``, one client group + servers: dense keys by allreduce over
-  every worker, row_sparse keys routed by their α, rows aggregated per host and pushed by
-  each host's first rank (``--row-masters host``: Parallax's hybrid);
-* ``kvhybrid group-master`` (emulated hosts only; on one host it is ``kvhybrid``): the same,
-  but the group's one master aggregates and pushes every host's rows (MXNET-MPI's client);
+* ``kvhybrid``: ``hybrid-mpi``, one client group + servers: dense keys by allreduce,
+  row_sparse keys routed by their α, the group's master aggregating and pushing the rows;
+* ``kvhybrid host-masters`` (emulated hosts only; on one host it is ``kvhybrid``): the same,
+  but each host's first rank aggregates and pushes its host's rows (``--row-masters host``,
+  Parallax's local aggregation per machine);
 * ``kvhybrid all-AR``: every key by allreduce (tables forced ``dense``; no servers);
 * ``kvhybrid all-PS``: every key on the servers (a client group per worker);
 * ``dist_sync``: MXNet's own store (tables as ``SparseEmbedding``), a client per worker;
@@ -48,8 +48,8 @@ log = logging.getLogger("kvhybrid.bench")
 
 #: name -> (worker system, launcher shape, tables forced to allreduce)
 SYSTEMS = {
-    "kvhybrid": ("hybrid", "host-masters", False),
-    "kvhybrid group-master": ("hybrid", "group+servers", False),
+    "kvhybrid": ("hybrid", "group+servers", False),
+    "kvhybrid host-masters": ("hybrid", "host-masters", False),
     "kvhybrid all-AR": ("hybrid", "group", True),
     "kvhybrid all-PS": ("hybrid", "per-worker+servers", False),
     "dist_sync": ("dist_sync", "per-worker+servers", False),
@@ -165,7 +165,7 @@ def main(argv=None) -> None:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["lm", "nmt", "cnn"])
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
-                   help="default: all (kvhybrid group-master only on emulated hosts)")
+                   help="default: all (kvhybrid host-masters only on emulated hosts)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, help="default: 1 on loopback, one per emulated host")
     p.add_argument("--steps", type=int, default=60)
@@ -189,7 +189,7 @@ def main(argv=None) -> None:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     args.servers = args.servers or args.hosts or 1
     args.systems = args.systems or [n for n in SYSTEMS
-                                    if args.hosts or n != "kvhybrid group-master"]
+                                    if args.hosts or n != "kvhybrid host-masters"]
     if args.hosts and args.workers % args.hosts:
         p.error(f"--workers ({args.workers}) must be a multiple of --hosts ({args.hosts})")
     with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
