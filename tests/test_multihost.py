@@ -74,6 +74,29 @@ def test_rows_aggregated_per_host_across_two_hosts_train_as_one_process(tmp_path
     assert_matches_single_process(tmp_path, "weight", 4, 1)
 
 
+def test_model_suite_one_command_loopback_and_emulated_hosts(tmp_path):
+    """`python -m kvhybrid.bench.models --suite` (shortened): loopback with an α point, then
+    4 emulated hosts; bytes counted on each host's link next to Table 3; every target listed."""
+    import json
+    import sys
+    from mpirun import _run_killable
+    cmd = [sys.executable, "-m", "kvhybrid.bench.models", "--suite", "--models", "lm", "--steps",
+           4, "--warmup", 1, "--tokens", 10, "--alpha-tokens", 10, "--systems", "kvhybrid",
+           "kvhybrid host-masters", "dist_sync", "--out", tmp_path]
+    r = _run_killable(list(map(str, cmd)), "the model suite", 400, {})
+    assert r.returncode == 0, r.output[-4000:]
+    net = json.loads((tmp_path / "models_1gbit.json").read_text())["lm"]
+    for name, ratio in (("kvhybrid host-masters", 1.2), ("dist_sync", 1.2)):
+        counted, table3 = net[name]["wire_per_host"], net[name]["table3_per_host"]
+        assert table3 <= counted <= ratio * table3, (name, counted, table3)   # headers: ≥ 1
+    # the group's master carries every host's rows: more than per-host masters
+    assert net["kvhybrid"]["wire_per_host"] > 1.1 * net["kvhybrid host-masters"]["wire_per_host"]
+    targets = (tmp_path / "models_targets.md").read_text()
+    assert "lm kvhybrid ÷ dist_sync" in targets and "bytes per host ÷ Table 3" in targets
+    assert "lm at 10 words per sample" in targets
+    assert "4 emulated hosts at 1gbit" in targets and (tmp_path / "models_alpha.png").exists()
+
+
 def test_stopping_a_cluster_benchmark_leaves_no_process_and_no_host(tmp_path):
     """SIGTERM to the model benchmark mid-job: the running launcher stops its job, the
     emulated hosts are deleted, nothing of the job is left running."""

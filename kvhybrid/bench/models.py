@@ -4,6 +4,7 @@ by side on the same models, data, batch and worker count (Parallax §6).
     python -m kvhybrid.bench.models                   # loopback, 4 workers, every model
     python -m kvhybrid.bench.models --models lm --alpha-tokens 10 50 200
     python -m kvhybrid.bench.models --hosts 4 --rate 1gbit --name models_1gbit
+    python -m kvhybrid.bench.models --suite   # both, the α sweep and every target, one run
 
 Systems (each a job through ``kvhybrid-launch``):
 
@@ -159,20 +160,118 @@ def plot_alpha(results, path: Path) -> None:
     save_figure(fig, path)
 
 
+def measure(args, hosts: int, rate: str, alpha_tokens: List[int]):
+    """Every model under every system (and the α sweep) in one setting: loopback
+    (``hosts`` 0) or ``hosts`` emulated hosts joined by links of ``rate``. Returns the
+    setting's description, the results and the sweep."""
+    args = argparse.Namespace(**vars(args))
+    args.hosts, args.rate = hosts, rate
+    args.servers = args.servers_wanted or hosts or 1
+    systems = args.systems or [n for n in SYSTEMS if hosts or n != "kvhybrid host-masters"]
+    with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
+            contextlib.ExitStack() as stack:
+        args.launcher_args = []
+        where = "loopback"
+        if hosts:
+            cluster = stack.enter_context(EmulatedCluster(hosts, rate, args.delay))
+            hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // hosts)
+            args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
+            where = f"{hosts} emulated hosts at {rate}" + (f", {args.delay} latency"
+                                                          if args.delay else "")
+        log.info("models: %s, %d workers, %d server(s)", where, args.workers, args.servers)
+        results = {m: {n: run_system(args, m, n, args.tokens, tmp) for n in systems}
+                   for m in args.models}
+        sweep = {str(t): {n: run_system(args, "lm", n, t, tmp) for n in ("kvhybrid", "dist_sync")}
+                 for t in alpha_tokens}
+    return where, args.servers, results, sweep
+
+
+def write_setting(args, name: str, where: str, servers: int, results, sweep) -> None:
+    table = "\n".join([
+        f"# Model-level throughput, {where}: {args.workers} workers, {servers} server(s), batch "
+        f"{args.batch_size} per worker, {args.tokens} words per sample", "",
+        ratio_table(results, args.steps), "",
+        "Median step after warm-up. Loss: on one fixed batch after the run (synchronous "
+        "systems take the same steps). MB: what kvhybrid handed to MPI collectives and "
+        "pushed to the servers, per worker and step (pulls not counted).", "",
+        bytes_table(results, where), "",
+        *footer("models")]) + "\n"
+    write_outputs(args.out, name, table, results, plot)
+    if sweep:
+        lines = [f"# LM-like, {where}: kvhybrid and dist_sync against α", "",
+                 "| words per sample | kvhybrid words/s | dist_sync words/s | speedup |",
+                 "|---:|---:|---:|---:|"]
+        for t, r in sweep.items():
+            a, b = r["kvhybrid"]["words_per_second"], r["dist_sync"]["words_per_second"]
+            lines.append(f"| {t} | {a:,.0f} | {b:,.0f} | {a / b:.2f}× |")
+        write_outputs(args.out, f"{name}_alpha", "\n".join(lines + ["", *footer("models")]) + "\n",
+                      sweep, plot_alpha)
+
+
+#: issue 8's throughput targets on the emulated network: (model, peer, kvhybrid ÷ peer at least)
+NETWORK_TARGETS = [("lm", "dist_sync", 2.0), ("lm", "Horovod", 4.0), ("nmt", "dist_sync", 1.5),
+                   ("nmt", "Horovod", 1.5), ("cnn", "Horovod", 0.95), ("cnn", "dist_sync", 1.3)]
+
+
+def targets_table(loop, sweep, net, net_where: str) -> str:
+    """Every target of the suite, met or missed, from one run's results."""
+    rows = []
+
+    def speed(r, name):
+        return r[name]["words_per_second"] if name in r else None
+
+    def add(what, got, want, at_least=True, fmt="{:.2f}×"):
+        ok = got >= want if at_least else got <= want
+        rows.append(f"| {what} | {fmt.format(got)} | {'≥' if at_least else '≤'} "
+                    f"{fmt.format(want)} | {'met' if ok else '**missed**'} |")
+
+    for model, peer, want in NETWORK_TARGETS:
+        r = net.get(model, {})
+        if speed(r, "kvhybrid") and speed(r, peer):
+            add(f"{net_where}: {model} kvhybrid ÷ {peer}", speed(r, "kvhybrid") / speed(r, peer),
+                want)
+    for model, r in loop.items():
+        peers = [n for n in ("dist_sync", "Horovod") if n in r]
+        if "kvhybrid" in r and peers:
+            best = max(peers, key=lambda n: speed(r, n))
+            add(f"loopback: {model} kvhybrid ÷ the better peer ({best})",
+                speed(r, "kvhybrid") / speed(r, best), 0.95)
+    for tokens, r in sweep.items():
+        add(f"loopback: lm at {tokens} words per sample, kvhybrid ÷ dist_sync",
+            speed(r, "kvhybrid") / speed(r, "dist_sync"), 0.95)
+    for model, r in net.items():
+        for name in ("kvhybrid", "kvhybrid host-masters"):
+            if name in r and r[name].get("wire_per_host"):
+                add(f"{net_where}: {model} {name} bytes per host ÷ Table 3",
+                    r[name]["wire_per_host"] / r[name]["table3_per_host"], 1.2, at_least=False)
+    for where, results in (("loopback", loop), (net_where, net)):
+        for model, r in results.items():
+            losses = [x["loss"] for x in r.values()]
+            spread = (max(losses) - min(losses)) / abs(min(losses))
+            add(f"{where}: {model} losses of the synchronous systems, relative spread",
+                spread, 1e-3, at_least=False, fmt="{:.1e}")
+    return "\n".join(["| target | measured | wanted | |", "|---|---:|---:|---|", *rows])
+
+
 def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     p = argparse.ArgumentParser(prog="python -m kvhybrid.bench.models",
                                 description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", action="store_true",
+                   help="the whole comparison in one run: loopback with the α sweep (--alpha-tokens, "
+                        "default 10 25 50 100 200), then 4 emulated hosts at 1 Gbit/s; writes "
+                        "models*, models_1gbit* and models_targets.md (every target, met or missed)")
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["lm", "nmt", "cnn"])
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
                    help="default: all (kvhybrid host-masters only on emulated hosts)")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--servers", type=int, help="default: 1 on loopback, one per emulated host")
+    p.add_argument("--servers", type=int, dest="servers_wanted",
+                   help="default: 1 on loopback, one per emulated host")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--tokens", type=int, default=50, help="words per sample")
-    p.add_argument("--alpha-tokens", type=int, nargs="*", default=[],
+    p.add_argument("--alpha-tokens", type=int, nargs="*",
                    help="LM-like: also sweep words per sample (α) for kvhybrid and dist_sync")
     p.add_argument("--hosts", type=int, default=0,
                    help="emulate this many hosts (network namespaces, root only) joined by "
@@ -187,44 +286,26 @@ def main(argv=None) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
-    args.servers = args.servers or args.hosts or 1
-    args.systems = args.systems or [n for n in SYSTEMS
-                                    if args.hosts or n != "kvhybrid host-masters"]
-    if args.hosts and args.workers % args.hosts:
-        p.error(f"--workers ({args.workers}) must be a multiple of --hosts ({args.hosts})")
-    with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
-            contextlib.ExitStack() as stack:
-        args.launcher_args = []
-        where = "loopback"
-        if args.hosts:
-            cluster = stack.enter_context(EmulatedCluster(args.hosts, args.rate, args.delay))
-            hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // args.hosts)
-            args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
-            where = (f"{args.hosts} emulated hosts at {args.rate}"
-                     + (f", {args.delay} latency" if args.delay else ""))
-        results = {m: {n: run_system(args, m, n, args.tokens, tmp) for n in args.systems}
-                   for m in args.models}
-        sweep = {str(t): {n: run_system(args, "lm", n, t, tmp) for n in ("kvhybrid", "dist_sync")}
-                 for t in args.alpha_tokens}
-    table = "\n".join([
-        f"# Model-level throughput, {where}: {args.workers} workers, {args.servers} server(s), batch "
-        f"{args.batch_size} per worker, {args.tokens} words per sample", "",
-        ratio_table(results, args.steps), "",
-        "Median step after warm-up. Loss: on one fixed batch after the run (synchronous "
-        "systems take the same steps). MB: what kvhybrid handed to MPI collectives and "
-        "pushed to the servers, per worker and step (pulls not counted).", "",
-        bytes_table(results, where), "",
-        *footer("models")]) + "\n"
-    write_outputs(args.out, args.name, table, results, plot)
-    if sweep:
-        lines = [f"# LM-like, {where}: kvhybrid and dist_sync against α", "",
-                 "| words per sample | kvhybrid words/s | dist_sync words/s | speedup |",
-                 "|---:|---:|---:|---:|"]
-        for t, r in sweep.items():
-            a, b = r["kvhybrid"]["words_per_second"], r["dist_sync"]["words_per_second"]
-            lines.append(f"| {t} | {a:,.0f} | {b:,.0f} | {a / b:.2f}× |")
-        write_outputs(args.out, f"{args.name}_alpha", "\n".join(lines + ["", *footer("models")]) + "\n",
-                      sweep, plot_alpha)
+    hosts = 4 if args.suite else args.hosts
+    if hosts and args.workers % hosts:
+        p.error(f"--workers ({args.workers}) must be a multiple of the {hosts} hosts")
+    if not args.suite:
+        where, servers, results, sweep = measure(args, args.hosts, args.rate,
+                                                 args.alpha_tokens or [])
+        write_setting(args, args.name, where, servers, results, sweep)
+        return
+    tokens = [10, 25, 50, 100, 200] if args.alpha_tokens is None else args.alpha_tokens
+    where, servers, loop, sweep = measure(args, 0, args.rate, tokens)
+    write_setting(args, args.name, where, servers, loop, sweep)
+    net_where, net_servers, net, _ = measure(args, hosts, "1gbit", [])
+    write_setting(args, f"{args.name}_1gbit", net_where, net_servers, net, {})
+    text = "\n".join([f"# Model-level targets (issue 8), one run: loopback and {net_where}", "",
+                      targets_table(loop, sweep, net, net_where), "",
+                      f"Tables: `{args.name}.md`, `{args.name}_alpha.md`, `{args.name}_1gbit.md`.",
+                      "", *footer("models")]) + "\n"
+    (Path(args.out) / f"{args.name}_targets.md").write_text(text)
+    print(text)
+    log.info("models: wrote %s/%s_targets.md", args.out, args.name)
 
 
 if __name__ == "__main__":
