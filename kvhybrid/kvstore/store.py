@@ -170,9 +170,8 @@ class HybridMPIStore(mx.kv.KVStore):
             ps_rank = self._servers.ps_rank
         self._client_rank, self._num_clients = ((0, 1) if host_masters
                                                 else self._agree_on_clients(ps_rank))
-        #: some rank of the group talks to the servers within a step, and the others wait for
-        #: it: waits on the group then sleep between tests instead of spinning (wait_patiently)
-        self._servers_in_step = self.config.num_servers > 0
+        #: some table's rows live on the servers (see _servers_in_step)
+        self._rows_at_servers = False
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
@@ -220,6 +219,16 @@ class HybridMPIStore(mx.kv.KVStore):
                                 f"{self.config.num_clients}: every client group's master must "
                                 "connect to the same scheduler")
         return ps_rank, masters
+
+    @property
+    def _servers_in_step(self) -> bool:
+        """Whether a step has a rank talk to the servers while the others wait for it (several
+        groups, or rows on the servers): the group's agreements then wait without spinning
+        (``wait_patiently``), which leaves the cores to that rank and the servers."""
+        return self._cross or self._rows_at_servers
+
+    def _note_rows_at_servers(self) -> None:
+        self._rows_at_servers = any(s.rows_on_servers for s in self._slots.values())
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -316,6 +325,7 @@ class HybridMPIStore(mx.kv.KVStore):
             if self._servers is not None:
                 self._servers.init_rows(key, table, self.config.partitions)
         self._slots[key] = slot
+        self._note_rows_at_servers()
 
     @_unrecorded
     def broadcast(self, key, value, out, priority: int = 0) -> None:
@@ -570,6 +580,7 @@ class HybridMPIStore(mx.kv.KVStore):
             if self._servers is not None:
                 self._servers.init_rows(key, slot.value, self.config.partitions)
             slot.rows_on_servers = True
+            self._note_rows_at_servers()
             self._memo.clear()   # checked pushpull calls of this key no longer hold
         if slot.rows_on_servers:
             sparse.push_to_servers(key, slot, arrays, ids, self.row_group, self._servers)
@@ -616,6 +627,7 @@ class HybridMPIStore(mx.kv.KVStore):
                 slot.value = zeros(slot.shape, mx.cpu(), slot.dtype)
             sparse.pull_whole_table(key, slot, slot.value, self.row_group, self._servers)
             slot.rows_on_servers = False
+            self._note_rows_at_servers()
         self._memo.clear()
 
     def _forced_route(self, key: Key) -> Optional[str]:
