@@ -196,16 +196,18 @@ class HybridMPIStore(mx.kv.KVStore):
         """This rank's host (KVHYBRID_EMULATE_NODE_SIZE emulates hosts), checked against the
         number of ps-lite workers: one per host."""
         with self.group.watchdog.waiting("the ranks to map their hosts"):
-            node = Topology.of(self.group.MPI, self.group.comm,
-                               self.config.emulate_node_size).node
-            hosts = self.group.comm.allreduce(1 if node.Get_rank() == 0 else 0)
+            topology = Topology.of(self.group.MPI, self.group.comm, self.config.emulate_node_size)
+        hosts = topology.nodes
+        if topology.cross is not None:
+            topology.cross.Free()
         if hosts != self.config.num_clients:
             raise ConfigError(f"KVHYBRID_ROW_MASTERS=host makes each of the group's {hosts} hosts "
                               f"a ps-lite worker, but DMLC_NUM_WORKER is "
                               f"{self.config.num_clients}: set DMLC_NUM_WORKER={hosts} "
                               "(kvhybrid-launch --row-masters host does) and run one client "
                               "group")
-        group = Group(self.group.MPI, node, self.config, "host")
+        group = Group(self.group.MPI, topology.node, self.config, "host")   # a duplicate
+        topology.node.Free()
         group.bytes_sent = self.group.bytes_sent   # one tally per process
         return group
 
