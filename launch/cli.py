@@ -99,10 +99,12 @@ def make_plan(args) -> JobPlan:
         hosts = parse_hostfile(args.hostfile)
     else:
         hosts = local_hosts(args.num_workers)
-    emulate = os.environ.get("KVHYBRID_EMULATE_NODE_SIZE", "").strip()
+    # the store's own parser: a bad value is refused here, naming the variable, not in every rank
+    from kvhybrid.config import StoreConfig
+    emulate = StoreConfig.from_env({"KVHYBRID_EMULATE_NODE_SIZE": os.environ.get(
+        "KVHYBRID_EMULATE_NODE_SIZE", "")}).emulate_node_size
     return plan_job(JobSpec(args.num_workers, args.clients, args.servers, tuple(hosts),
-                            args.launcher, args.auto, args.sparse, args.row_masters,
-                            int(emulate) if emulate.isdigit() else 0))
+                            args.launcher, args.auto, args.sparse, args.row_masters, emulate))
 
 
 NETNS_RSH = Path(__file__).resolve().parent / "netns_rsh.sh"

@@ -141,6 +141,14 @@ def test_bad_input_exits_2_with_one_line_and_starts_nothing(args, message):
     assert "started" not in r.stderr and r.stdout == ""
 
 
+def test_bad_emulated_host_size_exits_2_naming_the_variable():
+    r = subprocess.run(LAUNCH + ["-n", "4", "--servers", "1", "--row-masters", "host", "python",
+                                 "examples/train_mlp.py"], capture_output=True, text=True,
+                       timeout=120, env=job_env({"KVHYBRID_EMULATE_NODE_SIZE": "two"}), cwd=ROOT)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "KVHYBRID_EMULATE_NODE_SIZE='two'" in r.stderr and "started" not in r.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["-n", 2, "python", "no/such/script.py"], "script 'no/such/script.py' not found"),
     (["-n", 2], "missing the command to run"),

@@ -34,8 +34,9 @@ def interface_bytes() -> Dict[str, int]:
 
 def per_host(readings: Sequence[dict]) -> Optional[float]:
     """Mean bytes per host and step from the workers' readings (``{"interfaces": {name:
-    bytes}, "steps": n}``); a host's interface counted once however many workers read it;
-    None when no worker saw any interface but loopback."""
+    bytes}, "steps": n}``); a host's interface counted once however many workers read it
+    (``cluster.py`` names every host's interface differently: eth0, eth1, ...); None when no
+    worker saw any interface but loopback."""
     hosts: Dict[str, float] = {}
     for r in readings:
         for name, count in r["interfaces"].items():
