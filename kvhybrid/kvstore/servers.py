@@ -29,6 +29,7 @@ from mxnet.ndarray import NDArray
 from ..errors import KeyValueError
 from ..tensor_collectives.watchdog import Watchdog
 from .keys import Key
+from .server_side import Command, ServerOptimizer
 
 log = logging.getLogger("kvhybrid")
 
@@ -262,7 +263,7 @@ class ServerLink:
         may come before other masters' pushes land: pull until the value moves (5 s at most).
         """
         with self._dog.waiting("the parameter servers to take the optimizer", collective=False):
-            self._kv.set_optimizer(self._for_servers(optimizer, pieces))
+            self._kv.set_optimizer(ServerOptimizer(self._for_servers(optimizer, pieces)))
         self._probes += 1
         kid = PROBE_KEY_TOP - self._probes
         probe = mx.nd.zeros((1,))
@@ -298,6 +299,20 @@ class ServerLink:
                 clone.lr_mult[kid] = param.lr_mult
                 clone.wd_mult[kid] = param.wd_mult
         return clone
+
+    def command(self, action: str, directory: str, token: str, keys=()) -> None:
+        """Have every server save or load its optimizer states in ``directory``
+        (``server_side.command``); returns when every server has run it."""
+        with self._dog.waiting(f"the parameter servers to {action} their optimizer states in "
+                               f"{directory}", collective=False):
+            self._kv.set_optimizer(Command(action, directory, token, keys))
+
+    def ps_keys(self, key: Key) -> List[int]:
+        """The ps-lite keys that hold ``key`` on the servers: itself, or its table's pieces."""
+        index = self._ids[key]
+        if key in self._bounds:
+            return [piece_key(index, i) for i in range(len(self._bounds[key]) - 1)]
+        return [index]
 
     def barrier(self) -> None:
         """Wait for this master's pushes to be answered, then for every master."""

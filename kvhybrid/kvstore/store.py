@@ -822,8 +822,8 @@ class HybridMPIStore(mx.kv.KVStore):
                                 "(gluon.Trainer does so when update_on_kvstore=True)")
         if self._cross or any(s.rows_on_servers for s in self._slots.values()):
             raise KVHybridError("the optimizer state of keys held by the parameter servers "
-                                "lives there, and they cannot save it yet: checkpoint the "
-                                "weights, or train with update_on_kvstore=False")
+                                "lives there: save it with kvhybrid.save_checkpoint(trainer, "
+                                "folder), which saves the servers' part too")
         data = self._updater.get_states(dump_optimizer)
         folder = os.path.dirname(os.path.abspath(fname))
         with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False,
@@ -841,7 +841,8 @@ class HybridMPIStore(mx.kv.KVStore):
                                     "set_optimizer first")
             if self._cross:
                 raise KeyValueError("with several client groups the optimizer state lives on "
-                                    "the parameter servers, which cannot load it yet")
+                                    "the parameter servers: resume with kvhybrid."
+                                    "load_checkpoint(trainer, folder)")
             try:
                 with open(fname, "rb") as f:
                     data = f.read()
