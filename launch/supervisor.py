@@ -27,6 +27,24 @@ _BARE_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")
 GRACE_SECONDS = 4.0
 
 
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` (or a process below it: mpirun's ranks) is stopped (state T)."""
+    pids = [pid]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            pids += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
 class Terminated(KeyboardInterrupt):
     """The launcher got SIGTERM."""
 
@@ -111,8 +129,20 @@ class Supervisor:
         tail = "\n".join(f"    {line}" for line in list(proc.tail)[-15:]) or "    (no output)"
         log.error("%s on %s (pid %d) %s; stopping the job. Its last output:\n%s",
                   proc.name, proc.host, proc.popen.pid, how, tail)
+        for other in self._stuck():
+            log.error("%s on %s (pid %d) is stopped (SIGSTOP, or a debugger): the others may "
+                      "have waited for it", other.name, other.host, other.popen.pid)
         self.stop_all()
         return rc if rc > 0 else 128 - rc
+
+    def _stuck(self) -> List[Managed]:
+        """Processes of the job that are alive but stopped: a stalled peer, named when the
+        job fails, since the ranks waiting for it only know what they waited for."""
+        stuck = []
+        for p in self.procs:
+            if p.popen.poll() is None and _stopped(p.popen.pid):
+                stuck.append(p)
+        return stuck
 
     def _finish(self) -> None:
         """The workers are done: give the scheduler and servers a moment to leave on their own."""

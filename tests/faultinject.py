@@ -16,6 +16,7 @@ Workers must print ``rank R step S`` at each step (``tests/workers/fault_train.p
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -146,16 +147,22 @@ class LaunchedJob:
         if not self.netns:
             raise ValueError("close_port changes the namespace's traffic control: run the job "
                              "in a namespace of its own (netns=)")
-        ports = sorted({c.laddr.port for c in target.connections("tcp")
-                        if c.status == psutil.CONN_LISTEN})
+        ports = listening_ports(target.pid)
         assert ports, f"{target.pid} listens on no TCP port"
-        run = ["ip", "netns", "exec", self.netns, "tc"]
-        subprocess.run(run + ["qdisc", "add", "dev", "lo", "root", "handle", "1:", "prio"],
-                       check=True, capture_output=True)
-        for port in ports:
-            subprocess.run(run + ["filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip",
-                                  "u32", "match", "ip", "dport", str(port), "0xffff",
-                                  "action", "drop"], check=True, capture_output=True)
+        # packets to those ports go to a class that passes 8 bit/s into a one-packet queue:
+        # a drop (this kernel's tc has no drop action and no prio qdisc, but htb and tbf)
+        tc = ["ip", "netns", "exec", self.netns, "tc"]
+        for args in (["qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1"],
+                     ["class", "add", "dev", "lo", "parent", "1:", "classid", "1:1", "htb",
+                      "rate", "10gbit"],
+                     ["class", "add", "dev", "lo", "parent", "1:", "classid", "1:2", "htb",
+                      "rate", "8bit", "ceil", "8bit"],
+                     ["qdisc", "add", "dev", "lo", "parent", "1:2", "handle", "20:", "tbf",
+                      "rate", "8bit", "burst", "1600", "limit", "1"],
+                     *[["filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "u32",
+                        "match", "ip", "dport", str(port), "0xffff", "flowid", "1:2"]
+                       for port in ports]):
+            subprocess.run(tc + args, check=True, capture_output=True)
 
     # -- the end -----------------------------------------------------------------------------
     def finish(self, timeout: float) -> Result:
@@ -208,6 +215,26 @@ class LaunchedJob:
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
         return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+def listening_ports(pid: int) -> List[int]:
+    """TCP ports ``pid`` listens on, seen from its own network namespace (psutil looks in the
+    caller's)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:   # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
 
 
 _ALIVE: List[LaunchedJob] = []
