@@ -143,6 +143,10 @@ class StoreConfig:
     elastic_alpha: float = 0.0
     #: KVHYBRID_ELASTIC_INTERVAL: steps between a client group's exchanges with the center.
     elastic_interval: int = 64
+    #: KVHYBRID_RESTART: set by kvhybrid-launch --restarts in a client group it restarted
+    #: (the attempt, 1, 2, ...): the group rejoins ps-lite and takes the servers' current
+    #: values instead of initialising them. 0: a first start.
+    restart: int = 0
     #: DMLC_NUM_SERVER: MXNet parameter servers of the job (0: pure MPI).
     num_servers: int = 0
     #: DMLC_NUM_WORKER, when DMLC_ROLE=worker and there are servers: the number
@@ -166,6 +170,7 @@ class StoreConfig:
         "stats_file": ("KVHYBRID_STATS_FILE", lambda name, raw: raw.strip()),
         "elastic_alpha": ("KVHYBRID_ELASTIC_ALPHA", _parse_fraction),
         "elastic_interval": ("KVHYBRID_ELASTIC_INTERVAL", _parse_interval),
+        "restart": ("KVHYBRID_RESTART", _parse_count),
         "num_servers": ("DMLC_NUM_SERVER", _parse_count),
         "num_clients": ("DMLC_NUM_WORKER", _parse_count),
     }

@@ -32,6 +32,8 @@ from .transport import TRANSPORTS, address, free_port, wrap
 log = logging.getLogger("kvhybrid.launch")
 
 SCHEDULER_TRIES = 3
+#: seconds without a heartbeat after which ps-lite's scheduler declares a node dead
+HEARTBEAT_TIMEOUT = 3
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -72,6 +74,11 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                    help="at most K settings sampled by --tune-partitions (default 5, at least 3)")
     p.add_argument("--tune-out", metavar="DIR",
                    help="write partitions_tuning.{md,png} (samples and fitted curve) into DIR")
+    p.add_argument("--restarts", type=int, default=0, metavar="N",
+                   help="restart a client group that fails, up to N times each, while the other "
+                        "groups train on (asynchronous and elastic stores, which need servers; a "
+                        "synchronous job cannot go on without a group). Default 0: any failure "
+                        "stops the job")
     p.add_argument("--dry-run", action="store_true", help="print the table and commands, start nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
     args = p.parse_args(argv)
@@ -81,6 +88,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         p.error(f"--hostfile {args.hostfile}: no such file")
     if not args.command:
         p.error("missing the command to run, e.g. kvhybrid-launch -n 4 python train.py")
+    if args.restarts < 0:
+        p.error(f"--restarts must be 0 or more, got {args.restarts}")
     if args.tune_samples < 3:
         p.error(f"--tune-samples must be at least 3 (the fit has 3 parameters), got "
                 f"{args.tune_samples}")
@@ -122,8 +131,9 @@ class Job:
     """The processes of one planned job and how to start them."""
 
     def __init__(self, plan: JobPlan, command: List[str], mpi_args: List[str],
-                 interface: Optional[str] = None, tune_mpi: bool = True):
+                 interface: Optional[str] = None, tune_mpi: bool = True, restarts: int = 0):
         self.plan = plan
+        self.restarts = restarts
         self.transport = plan.spec.launcher
         self.command = list(command)
         if self.command[0] in ("python", "python3"):
@@ -156,6 +166,13 @@ class Job:
                 del env["DMLC_NODE_HOST"]
         if self.interface:
             env["DMLC_INTERFACE"] = self.interface
+        if self.restarts:
+            # ps-lite gives a restarted node its old place only once the scheduler has
+            # declared it dead: every node beats each second, and the scheduler declares a
+            # node dead after HEARTBEAT_TIMEOUT s without a beat (< supervisor.RESTART_DELAY)
+            env["PS_HEARTBEAT_INTERVAL"] = "1"
+            if role == "scheduler":
+                env["PS_HEARTBEAT_TIMEOUT"] = str(HEARTBEAT_TIMEOUT)
         return env
 
     def _ps_node(self, role: str, host: str):
@@ -223,7 +240,8 @@ class Job:
             for i, host in enumerate(plan.server_hosts):
                 sup.start(f"server {i}", host, *self._ps_node("server", host), essential=False)
         for c in plan.clients:
-            sup.start(f"client {c.client}", c.master_host, *self.client(c), essential=True)
+            sup.start(f"client {c.client}", c.master_host, *self.client(c), essential=True,
+                      restarts=self.restarts)
         return sup.wait()
 
     def _start_scheduler(self, sup: Supervisor) -> bool:
@@ -244,8 +262,12 @@ class Job:
 
 
 def build_job(args, plan: JobPlan) -> "Job":
+    if args.restarts and not plan.num_servers:
+        raise SizingError("--restarts restarts a failed client group while the others train "
+                          "on, which needs parameter servers between the groups (an "
+                          "asynchronous or elastic store): add --servers, or drop --restarts")
     job = Job(plan, args.command, shlex.split(args.mpi_args), args.interface,
-              tune_mpi=not args.no_mpi_tuning)
+              tune_mpi=not args.no_mpi_tuning, restarts=args.restarts)
     job.port = free_port(args.launcher, plan.scheduler_host) if plan.num_servers else None
     return job
 

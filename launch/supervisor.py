@@ -3,7 +3,10 @@
 In a synchronous job every process is needed: when any exits non-zero, the
 others are stopped (SIGTERM, then SIGKILL after a grace period) and the
 launcher reports which process failed with the tail of its output. Ctrl-C
-stops everything the same way. Each process runs in its own session, so its
+stops everything the same way. A process started with ``restarts`` (a client
+group of an asynchronous or elastic job, ``kvhybrid-launch --restarts``) is
+started again instead, after a backoff, while the others go on; only when its
+restarts are spent does its failure stop the job. Each process runs in its own session, so its
 whole process tree (mpirun and its ranks) is signalled together.
 """
 from __future__ import annotations
@@ -18,13 +21,17 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List
+from typing import Deque, Dict, List, Optional
 
 log = logging.getLogger("kvhybrid.launch")
 
 _BARE_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")
 
 GRACE_SECONDS = 4.0
+#: the first restart's delay (doubled for each later one): ps-lite's scheduler must have
+#: declared the dead node dead (PS_HEARTBEAT_TIMEOUT, see launch/cli.py) before the new
+#: one registers, or it is never given the old node's place
+RESTART_DELAY = 5.0
 
 
 def _stopped(pid: int) -> bool:
@@ -45,6 +52,13 @@ def _stopped(pid: int) -> bool:
     return False
 
 
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class Terminated(KeyboardInterrupt):
     """The launcher got SIGTERM."""
 
@@ -60,6 +74,11 @@ class Managed:
     popen: subprocess.Popen
     essential: bool                  # the job is done when every essential one has exited 0
     tail: Deque[str] = field(default_factory=lambda: collections.deque(maxlen=30))
+    cmd: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
+    restarts_left: int = 0
+    attempt: int = 0
+    restart_at: Optional[float] = None   # when a failed one is started again
 
 
 class Supervisor:
@@ -69,18 +88,41 @@ class Supervisor:
         self._lock = threading.Lock()
 
     def start(self, name: str, host: str, cmd: List[str], env: Dict[str, str],
-              essential: bool) -> Managed:
-        popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, text=True,
-                                 bufsize=1, errors="replace")
-        proc = Managed(name, host, popen, essential)
+              essential: bool, restarts: int = 0) -> Managed:
+        proc = Managed(name, host, self._popen(cmd, env), essential, cmd=cmd, env=env,
+                       restarts_left=restarts)
         self.procs.append(proc)
-        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
-        log.info("started %s on %s (pid %d)", name, host, popen.pid)
+        threading.Thread(target=self._pump, args=(proc, proc.popen), daemon=True).start()
+        log.info("started %s on %s (pid %d)", name, host, proc.popen.pid)
         return proc
 
-    def _pump(self, proc: Managed) -> None:
-        for line in proc.popen.stdout:
+    @staticmethod
+    def _popen(cmd: List[str], env: Dict[str, str]) -> subprocess.Popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+                                bufsize=1, errors="replace")
+
+    def _schedule_restart(self, proc: Managed, rc: int) -> None:
+        how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        proc.attempt += 1
+        proc.restarts_left -= 1
+        delay = RESTART_DELAY * 2 ** (proc.attempt - 1)
+        _kill_group(proc.popen.pid)   # whatever the failed job left (its other ranks)
+        log.warning("%s on %s (pid %d) %s; the others go on, and it restarts in %.0f s "
+                    "(restart %d, %d more allowed). Its last output:\n%s", proc.name, proc.host,
+                    proc.popen.pid, how, delay, proc.attempt, proc.restarts_left,
+                    "\n".join(f"    {line}" for line in list(proc.tail)[-8:]))
+        proc.restart_at = time.monotonic() + delay
+
+    def _restart(self, proc: Managed) -> None:
+        proc.restart_at = None
+        proc.popen = self._popen(proc.cmd, {**proc.env, "KVHYBRID_RESTART": str(proc.attempt)})
+        threading.Thread(target=self._pump, args=(proc, proc.popen), daemon=True).start()
+        log.info("restarted %s on %s (pid %d, KVHYBRID_RESTART=%d)", proc.name, proc.host,
+                 proc.popen.pid, proc.attempt)
+
+    def _pump(self, proc: Managed, popen: subprocess.Popen) -> None:
+        for line in popen.stdout:
             # mpirun --tag-output tags every write; an unbuffered print() writes its newline
             # separately, which leaves bare tags behind: drop them.
             line = _BARE_TAG.sub("", line.rstrip("\n"))
@@ -110,10 +152,18 @@ class Supervisor:
         try:
             while True:
                 for proc in self.procs:
+                    if proc.restart_at is not None:
+                        if time.monotonic() >= proc.restart_at:
+                            self._restart(proc)
+                        continue
                     rc = proc.popen.poll()
                     if rc is not None and rc != 0:
+                        if proc.restarts_left > 0:
+                            self._schedule_restart(proc, rc)
+                            continue
                         return self._fail(proc, rc)
-                if all(p.popen.poll() == 0 for p in self.procs if p.essential):
+                if all(p.popen.poll() == 0 and p.restart_at is None
+                       for p in self.procs if p.essential):
                     self._finish()
                     return 0
                 time.sleep(poll)
@@ -152,6 +202,8 @@ class Supervisor:
         self.stop_all()
 
     def stop_all(self) -> None:
+        for p in self.procs:
+            p.restart_at = None
         alive = [p for p in self.procs if p.popen.poll() is None]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for p in alive:

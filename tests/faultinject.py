@@ -47,7 +47,9 @@ class LaunchedJob:
 
     def __init__(self, launch_args: Sequence, script: str, args: Sequence = (),
                  env: Optional[dict] = None, netns: Optional[str] = None):
-        cmd = LAUNCH + [str(a) for a in launch_args] + [sys.executable, str(WORKERS / script),
+        # a worker script in tests/workers, or a module to run with python -m
+        program = [str(WORKERS / script)] if script.endswith(".py") else ["-m", script]
+        cmd = LAUNCH + [str(a) for a in launch_args] + [sys.executable, *program,
                                                         *map(str, args)]
         self.netns = netns
         self.popen = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -37,6 +37,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workers-per-update", type=int, default=1,
                    help="workers whose gradients one optimizer step sums; lr is divided by it")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-steps", action="store_true",
+                   help="print 'rank R step S' before every step (for fault injection)")
+    p.add_argument("--step-sleep", type=float, default=0.0, metavar="S",
+                   help="sleep S seconds after every step (stretches a run for fault tests)")
     return p.parse_args(argv)
 
 
@@ -71,13 +75,19 @@ def main(argv=None) -> None:
         print(f"{args.task} on {args.store}: {size} workers, {len(train)} steps of "
               f"{args.batch_size} per worker per epoch", flush=True)
     trained = 0.0
+    step = 0
     for epoch in range(1, args.epochs + 1):
         start = time.perf_counter()
         for data, label in train:
+            if args.log_steps:
+                print(f"rank {rank} step {step}", flush=True)
+            step += 1
             with autograd.record():
                 loss = loss_fn(net(data), label)
             loss.backward()
             trainer.step(1)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
         mx.nd.waitall()
         seconds = time.perf_counter() - start
         trained += seconds
@@ -91,6 +101,8 @@ def main(argv=None) -> None:
                   f"perplexity {scores['perplexity']:.2f}  epoch {seconds:.2f} s", flush=True)
     with open(os.path.join(args.out, f"worker{rank}.json"), "w") as f:
         json.dump(record, f)
+    print(f"rank {rank} finished, validation accuracy {evaluate(net, task.valid)['accuracy']:.4f}",
+          flush=True)
     close = getattr(kv, "close", None)   # the hybrid stores; MXNet's own close at exit
     if close is not None:
         close()

@@ -40,9 +40,13 @@ def ack_file(directory: str, server_rank: int, token: str) -> str:
 
 
 def _install(inner) -> "ServerOptimizer":
-    """Unpickled on a server: the optimizer it will run."""
+    """Unpickled on a server: the optimizer it will run. The same optimizer sent again (a
+    restarted client group sends it as it starts) keeps the states of the keys."""
     global _INSTALLED
+    previous = _INSTALLED
     _INSTALLED = ServerOptimizer(inner)
+    if previous is not None and type(previous.inner) is type(inner):
+        _INSTALLED._states = previous._states
     return _INSTALLED
 
 

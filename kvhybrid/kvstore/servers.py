@@ -77,12 +77,13 @@ def scheduler_address() -> str:
 _LINK: Optional["ServerLink"] = None
 
 
-def server_link(watchdog: Watchdog, connect_timeout: float, mode: str) -> "ServerLink":
+def server_link(watchdog: Watchdog, connect_timeout: float, mode: str,
+                rejoin: bool = False) -> "ServerLink":
     """The process's link (ps-lite starts once per process; every store of the process
     shares it), now timed by ``watchdog``."""
     global _LINK
     if _LINK is None:
-        _LINK = ServerLink(watchdog, connect_timeout, mode)
+        _LINK = ServerLink(watchdog, connect_timeout, mode, rejoin)
         atexit.register(_LINK.close)
     if _LINK.mode != mode:
         raise KeyValueError(f"this process already talks to the servers in {_LINK.mode} mode: "
@@ -94,9 +95,14 @@ def server_link(watchdog: Watchdog, connect_timeout: float, mode: str) -> "Serve
 class ServerLink:
     """A group master's ps-lite connection; keys are mapped to ints in call order."""
 
-    def __init__(self, watchdog: Watchdog, connect_timeout: float, mode: str = "dist_sync"):
+    def __init__(self, watchdog: Watchdog, connect_timeout: float, mode: str = "dist_sync",
+                 rejoin: bool = False):
         self._dog = watchdog
         self.mode = mode
+        #: a restarted master (ps-lite gives it its old node id): the servers' keys exist
+        #: and hold the job's current values, which an init would overwrite (MXNet's init
+        #: from ps-lite rank 0 is a push), so keys are only pulled
+        self.rejoin = rejoin
         address = scheduler_address()
         with watchdog.waiting(f"the scheduler at {address}, the parameter servers and the other "
                               "client groups' masters to connect", collective=False,
@@ -162,6 +168,8 @@ class ServerLink:
             part = mx.nd.sparse.row_sparse_array(
                 (value[lo:hi], mx.nd.arange(hi - lo, ctx=value.context, dtype="int64")),
                 shape=(hi - lo,) + tuple(value.shape[1:]), ctx=value.context, dtype=value.dtype)
+            if self.rejoin:
+                continue
             with self._dog.waiting(lambda: f"the other client groups to init the rows of key "
                                            f"{key!r} on the parameter servers", collective=False):
                 self._kv.init(piece_key(index, i), part)   # blocks until every master has
@@ -213,7 +221,8 @@ class ServerLink:
         kid = self._ids[key] = self._next_id(key)
         with self._dog.waiting(lambda: f"the other client groups to init key {key!r} on the "
                                        "parameter servers", collective=False):
-            self._kv.init(kid, value)
+            if not self.rejoin:
+                self._kv.init(kid, value)
             self._kv.pull(kid, out=out)
             out.wait_to_read()
 
@@ -264,6 +273,8 @@ class ServerLink:
         """
         with self._dog.waiting("the parameter servers to take the optimizer", collective=False):
             self._kv.set_optimizer(ServerOptimizer(self._for_servers(optimizer, pieces)))
+        if self.rejoin:   # the first start probed these servers; they keep their states
+            return True
         self._probes += 1
         kid = PROBE_KEY_TOP - self._probes
         probe = mx.nd.zeros((1,))

@@ -163,10 +163,11 @@ class HybridMPIStore(mx.kv.KVStore):
         #: the ranks whose row_sparse gradients one master aggregates and exchanges with the
         #: servers: the whole group, or this rank's host (KVHYBRID_ROW_MASTERS=host)
         self.row_group = self._host_group() if host_masters else self.group
+        self._check_restart()
         ps_rank = 0
         if self.config.num_servers > 0 and self.row_group.rank == 0:
             self._servers = server_link(self.row_group.watchdog, self.config.connect_timeout,
-                                        self.SERVER_MODE)
+                                        self.SERVER_MODE, rejoin=self.config.restart > 0)
             ps_rank = self._servers.ps_rank
         self._client_rank, self._num_clients = ((0, 1) if host_masters
                                                 else self._agree_on_clients(ps_rank))
@@ -177,6 +178,17 @@ class HybridMPIStore(mx.kv.KVStore):
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
                  self.rank, self.num_workers, self._client_rank, self._num_clients,
                  self.config.num_servers)
+
+    def _check_restart(self) -> None:
+        """A restarted client group rejoins groups that went on without it: only groups
+        that never wait for each other (asynchronous and elastic stores) can."""
+        if self.config.restart and self.SERVER_MODE == "dist_sync":
+            raise ConfigError(
+                f"this client group was restarted (KVHYBRID_RESTART={self.config.restart}), and "
+                f"the synchronous {NAME} store cannot take it back: the other groups and the "
+                "servers wait for every group at every step, so the job is lost. Resume it "
+                "from a checkpoint (kvhybrid.load_checkpoint), or train with "
+                "hybrid-mpi-async or hybrid-mpi-elastic to survive a lost group")
 
     def _check_row_masters(self) -> bool:
         """Whether rows are aggregated per host; refuses settings that cannot work, on every
