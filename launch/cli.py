@@ -75,7 +75,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--tune-out", metavar="DIR",
                    help="write partitions_tuning.{md,png} (samples and fitted curve) into DIR")
     p.add_argument("--restarts", type=int, default=0, metavar="N",
-                   help="restart a client group that fails, up to N times each, while the other "
+                   help="restart a client group that fails (N=1: once per job, all ps-lite allows) while the other "
                         "groups train on (asynchronous and elastic stores, which need servers; a "
                         "synchronous job cannot go on without a group). Default 0: any failure "
                         "stops the job")
@@ -88,8 +88,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         p.error(f"--hostfile {args.hostfile}: no such file")
     if not args.command:
         p.error("missing the command to run, e.g. kvhybrid-launch -n 4 python train.py")
-    if args.restarts < 0:
-        p.error(f"--restarts must be 0 or more, got {args.restarts}")
+    if args.restarts not in (0, 1):
+        p.error(f"--restarts must be 0 or 1, got {args.restarts}: ps-lite (MXNet 1.9.1) takes "
+                "back one restarted node per job, its scheduler aborts at a second")
     if args.tune_samples < 3:
         p.error(f"--tune-samples must be at least 3 (the fit has 3 parameters), got "
                 f"{args.tune_samples}")

@@ -113,6 +113,8 @@ class Supervisor:
                     proc.popen.pid, how, delay, proc.attempt, proc.restarts_left,
                     "\n".join(f"    {line}" for line in list(proc.tail)[-8:]))
         proc.restart_at = time.monotonic() + delay
+        for other in self.procs:   # ps-lite's scheduler takes back one node per job
+            other.restarts_left = 0
 
     def _restart(self, proc: Managed) -> None:
         proc.restart_at = None

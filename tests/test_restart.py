@@ -41,7 +41,7 @@ def test_elastic_group_killed_at_a_random_step_rejoins_and_reaches_the_same_accu
     assert clean.returncode == 0, clean.output[-3000:]
 
     step = random.randint(50, 250)
-    job = LaunchedJob(JOB + ["--restarts", 2], WORKER, digits(tmp_path / "cut"))
+    job = LaunchedJob(JOB + ["--restarts", 1], WORKER, digits(tmp_path / "cut"))
     job.inject("kill", "worker", 2, at_step=step, step_rank=2)
     result = job.finish(timeout=200)
     out = result.output
@@ -76,3 +76,11 @@ def test_restarts_without_servers_is_refused_before_starting_anything():
     assert r.returncode == 2
     assert "--restarts restarts a failed client group" in r.stderr
     assert "add --servers, or drop --restarts" in r.stderr
+
+
+def test_more_than_one_restart_is_refused_naming_ps_lites_limit():
+    r = subprocess.run(LAUNCH + ["-n", "4", "--clients", "2", "--servers", "1", "--restarts", "2",
+                                 "python", "-c", "pass"],
+                       capture_output=True, text=True, timeout=60, env=job_env(), cwd=ROOT)
+    assert r.returncode == 2
+    assert "--restarts must be 0 or 1, got 2: ps-lite (MXNet 1.9.1) takes back one" in r.stderr
