@@ -2,6 +2,7 @@
 
 They assert no timing: they check that every peer was measured and reported.
 """
+import collections
 import json
 import subprocess
 import sys
@@ -83,3 +84,24 @@ def test_models_benchmark_runs_every_system_and_they_take_the_same_steps(tmp_pat
     assert "counted ÷ Table 3" in table
     assert all(r["wire_per_host"] is None and r["table3_per_host"] > 0 for r in systems.values())
     assert systems["Horovod"]["table3_per_host"] > 10 * systems["kvhybrid"]["table3_per_host"]
+
+
+def test_load_benchmark_samples_every_process_of_both_shapes(tmp_path):
+    """The load test's table lists every process of each job, each sampled while the
+    steps ran (no memory figure asserted: tiny runs make noise of it)."""
+    table, results = run_bench("load", tmp_path, "--keys", 200, "--steps", 10,
+                               "--large-floats", 65536, "--interval", 0.2)
+    expected = {"mpi": {"worker": 4, "mpirun": 1, "launcher": 1},
+                "servers": {"worker": 4, "mpirun": 2, "server": 1, "scheduler": 1, "launcher": 1}}
+    for shape, roles in expected.items():
+        run = results[shape]
+        assert run["status"] == "ok", run["output_tail"]
+        processes = run["analysis"]["processes"]
+        assert collections.Counter(r["role"] for r in processes) == roles, processes
+        assert {r["pid"] for r in processes if r["role"] == "worker"} == \
+            {w["pid"] for w in run["workers"]}
+        assert all(r["samples"] >= 2 and r["after_warmup"] > 0 and r["end"] > 0 for r in processes)
+        assert all(w["sums_checked"] and len(w["steps"]) == 10 for w in run["workers"])
+        for r in processes:
+            assert f"| {r['name']} | {r['pid']} |" in table
+    assert "RSS after warm-up (MB)" in table and "## Summary" in table
