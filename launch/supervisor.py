@@ -28,7 +28,7 @@ log = logging.getLogger("kvhybrid.launch")
 _BARE_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")
 
 GRACE_SECONDS = 4.0
-#: the first restart's delay (doubled for each later one): ps-lite's scheduler must have
+#: the delay before a restart: ps-lite's scheduler must have
 #: declared the dead node dead (PS_HEARTBEAT_TIMEOUT, see launch/cli.py) before the new
 #: one registers, or it is never given the old node's place
 RESTART_DELAY = 5.0
@@ -106,7 +106,7 @@ class Supervisor:
         how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
         proc.attempt += 1
         proc.restarts_left -= 1
-        delay = RESTART_DELAY * 2 ** (proc.attempt - 1)
+        delay = RESTART_DELAY
         _kill_group(proc.popen.pid)   # whatever the failed job left (its other ranks)
         log.warning("%s on %s (pid %d) %s; the others go on, and it restarts in %.0f s "
                     "(restart %d, %d more allowed). Its last output:\n%s", proc.name, proc.host,
