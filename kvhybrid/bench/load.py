@@ -365,7 +365,9 @@ def analyse(run: Dict, steps: int, interval: float) -> Dict:
             continue
         w = by_pid.get(pid)
         if w is not None:
-            name = f"worker rank {w['rank']} (client {info['client']})"
+            # a group's master holds the link to the servers (a ps-lite worker)
+            ps = ", ps-lite worker" if "server_key_ids" in w["counts"]["end"] else ""
+            name = f"worker rank {w['rank']} (client {info['client']}{ps})"
         elif info["role"] == "server":
             name = f"server {servers.index(int(pid))}"
         elif info["role"] == "mpirun":
@@ -437,7 +439,8 @@ def report(results: Dict, args) -> str:
             own = f"{r['own_growth']:+.2f} %" if "own_growth" in r else ""
             step = f"{r['step_ms']:.0f}" if "step_ms" in r else ""
             lines.append(f"| {r['name']} | {r['pid']} | {r['after_warmup'] / MB:.1f} | "
-                         f"{r['end'] / MB:.1f} | {r['growth']:+.2f} % | "
+                         f"{r['end'] / MB:.1f} | {r['growth']:+.2f} % "
+                         f"({(r['end'] - r['after_warmup']) / MB:+.1f} MB) | "
                          f"{'pass' if r['growth'] < GROWTH_LIMIT else '**FAIL**'} | {own} | "
                          f"{step} | {r['samples']} |")
         workers = [r for r in a["processes"] if "counts" in r]
@@ -452,24 +455,29 @@ def report(results: Dict, args) -> str:
 
 
 def summary(results: Dict, args) -> str:
-    parts, bad = [], []
+    parts, failed, grew = [], [], []
     for shape, run in results.items():
         a = run["analysis"]
         if run["status"] != "ok" or not a["processes"]:
-            bad.append(f"{shape} {run['status']}")
-            parts.append(f"shape {shape} ({SHAPES[shape][0]}) {run['status']}")
+            failed.append(f"{SHAPES[shape][0]} ({shape}) {run['status']}")
             continue
         worst = max(a["processes"], key=lambda r: r["growth"])
-        fails = [r["name"] for r in a["processes"] if r["growth"] >= GROWTH_LIMIT]
-        bad += [f"{shape}: {n}" for n in fails]
+        fails = [f"{r['name']} {r['growth']:+.1f} %" for r in a["processes"]
+                 if r["growth"] >= GROWTH_LIMIT]
+        grew += [f"{SHAPES[shape][0]}: {', '.join(fails)}"] if fails else []
         parts.append(f"{SHAPES[shape][0]}: {len(a['processes'])} processes sampled, the largest "
                      f"growth after warm-up {worst['growth']:+.2f} % ({worst['name']}, "
                      f"{worst['after_warmup'] / MB:.0f} → {worst['end'] / MB:.0f} MB), median step "
                      f"{a['step_ms']:.0f} ms, {args.steps} steps in {a['steps_seconds']:.0f} s, no "
-                     "hang" + (f"; over 5 %: {', '.join(fails)}" if fails else ""))
-    verdict = ("Every process of every job stayed under 5 % growth and no job hung"
-               if not bad else f"Not flat or not finished: {'; '.join(bad)}")
-    return (f"{verdict} ({args.workers} workers, {args.keys:,} small keys + "
+                     "hang")
+    verdict = []
+    if failed:
+        verdict.append(f"FAILED: {'; '.join(failed)}")
+    if grew:
+        verdict.append(f"Not flat (5 % or more after warm-up): {'; '.join(grew)}")
+    if not verdict:
+        verdict.append("Every process of every job stayed under 5 % growth and no job hung")
+    return (". ".join(verdict) + f" ({args.workers} workers, {args.keys:,} small keys + "
             f"{len(args.large_floats)} large, {args.steps} steps). " + ". ".join(parts) + ".")
 
 
