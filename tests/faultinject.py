@@ -101,11 +101,7 @@ class LaunchedJob:
 
     # -- the job's processes -------------------------------------------------------------
     def _collect(self) -> None:
-        try:
-            for child in psutil.Process(self.popen.pid).children(recursive=True):
-                self.pids.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
+        self.pids |= descendants(self.popen.pid)
 
     def process(self, role: str, rank: int = 0) -> psutil.Process:
         if role in ("scheduler", "server", "client"):
@@ -175,9 +171,10 @@ class LaunchedJob:
             self.kill_everything()
             raise AssertionError(f"the launcher still ran {timeout} s after the fault (killed "
                                  f"it and its processes):\n{self.output[-3000:]}") from None
+        ended = time.monotonic()
         time.sleep(0.2)   # the reader's last lines
-        since = self.fault_time or self._start
-        return Result(self.popen.returncode, self.output, time.monotonic() - since - 0.2)
+        return Result(self.popen.returncode, self.output,
+                      ended - (self.fault_time or self._start))
 
     def kill_everything(self) -> None:
         """SIGKILL the launcher and every process it started (a machine losing power)."""
@@ -217,6 +214,14 @@ class LaunchedJob:
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
         return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+def descendants(pid: int) -> set:
+    """Every process below ``pid`` now (none if it is gone)."""
+    try:
+        return {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
 
 
 def listening_ports(pid: int) -> List[int]:

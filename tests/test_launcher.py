@@ -8,6 +8,7 @@ import time
 import psutil
 import pytest
 
+from faultinject import descendants
 from mpirun import ROOT, WORKERS, job_env, run_launcher
 
 from kvhybrid.launch.hosts import Host, parse_hostfile
@@ -225,11 +226,7 @@ class Running:
                    "python" in p.name()) >= workers
 
     def _collect(self) -> None:
-        try:
-            for child in psutil.Process(self.popen.pid).children(recursive=True):
-                self.pids.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
+        self.pids |= descendants(self.popen.pid)
 
     def find(self, role: str) -> psutil.Process:
         for pid in self.pids:

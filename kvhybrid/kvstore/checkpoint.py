@@ -340,8 +340,8 @@ def _restore_servers(store, meta, directory: str, values) -> None:
         ids = np.arange(slot.shape[0], dtype=np.int64)
         _check_restored(key, links.pull_rows(key, ids, slot.shape, slot.dtype),
                         values[str(key)].asnumpy())
-    for kid in range(store.config.num_servers):
-        path = server_side.ack_file(directory, kid, token)
+    for server in range(store.config.num_servers):
+        path = server_side.ack_file(directory, server, token)
         if first and os.path.exists(path):
             os.remove(path)
 

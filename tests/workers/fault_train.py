@@ -53,11 +53,13 @@ def train_step(step: int) -> None:
     trainer.step(step_arg)
 
 
-train_step(0) if not args.resume else net(mx.nd.array(sparse_batch(0, 1)[0]))   # creates the store's keys
-first = 1
-if args.resume:
+if args.resume:   # a forward pass creates the store's keys; the checkpoint gives their values
+    net(mx.nd.array(sparse_batch(0, 1)[0]))
     first = kvhybrid.load_checkpoint(trainer, ckpt)["step"]
     print(f"rank {rank} resumed at step {first}", flush=True)
+else:
+    train_step(0)
+    first = 1
 for step in range(first, args.steps):
     if args.save_at == step:
         kvhybrid.save_checkpoint(trainer, ckpt, step=step)
