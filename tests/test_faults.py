@@ -3,6 +3,10 @@
 Real mpirun jobs of 3 ranks; rank 1 misbehaves at step 3 while ranks 0 and 2
 wait for it in a collective. Without kvhybrid's guards they would wait forever.
 """
+import subprocess
+import sys
+import time
+
 import pytest
 
 from mpirun import run_job
@@ -41,3 +45,21 @@ def test_stalled_rank_times_out_naming_the_wait_and_the_laggard():
     assert "timed out after 4 s waiting for the ranks to agree on pushpull of key 0" in out
     assert "rank 1 (pid" in out and "is still before it" in out
     assert "raise KVHYBRID_TIMEOUT" in out
+
+
+def test_a_rank_whose_mpi_abort_never_returns_still_exits():
+    """mpi4py's ``Abort`` holds the GIL; if Open MPI never returns from it, the rank must still
+    leave (after the grace period) so mpirun sees it gone. Stand-in: an ``Abort`` that spins
+    inside the regex engine, which holds the GIL exactly as a blocked C call does."""
+    script = (
+        "import re, types\n"
+        "from kvhybrid.tensor_collectives import watchdog\n"
+        "watchdog._ABORT_GRACE_SECONDS = 1\n"
+        "spin = lambda code: re.match(r'(a+)+$', 'a' * 60 + 'b')\n"
+        "MPI = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(Abort=spin))\n"
+        "watchdog.abort_job(MPI, 'kvhybrid: giving up on purpose')\n")
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert time.monotonic() - start < 30
+    assert "giving up on purpose" in r.stderr

@@ -9,18 +9,26 @@ peers blocked inside one. Every blocking wait in kvhybrid runs inside
   not arrived yet (read from a shared-memory board, no MPI call needed), and
 * aborts the job after ``timeout`` seconds, naming what was waited for.
 
+Waits form chains: a group's ranks wait for their master, the master waits for the
+parameter servers, the servers wait for the other groups. The rank at the end of a chain
+knows the culprit, so it must report first: an *outward* wait (on the servers, hence on
+every other group) gets ``OUTWARD_FACTOR`` x the timeout, and a rank whose laggards on
+this host are all inside an outward wait defers its own report to ``DEFERRED_FACTOR`` x.
+
 Aborting uses ``MPI_Abort`` on the world communicator, which ends every rank,
 as ``python -m mpi4py`` does for an uncaught exception.
 """
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import socket
 import sys
 import threading
 import time
+import weakref
 from typing import Callable, List, Optional, Union
 
 import numpy as np
@@ -32,6 +40,9 @@ Description = Union[str, Callable[[], str]]
 
 _POLL_SECONDS = 0.25
 _ABORT_GRACE_SECONDS = 5.0
+OUTWARD_FACTOR = 1.5
+DEFERRED_FACTOR = 2.0
+_SEQ, _OUTWARD = 0, 1   # the two int64 slots each rank posts on the board
 
 
 def abort_job(MPI, message: str, exit_code: int = 1) -> None:
@@ -40,8 +51,11 @@ def abort_job(MPI, message: str, exit_code: int = 1) -> None:
     for handler in logging.getLogger().handlers + log.handlers:
         handler.flush()
     sys.stderr.flush()
-    # If MPI_Abort cannot complete (a broken transport), leave on our own.
-    threading.Timer(_ABORT_GRACE_SECONDS, os._exit, args=(exit_code,)).start()
+    # If MPI_Abort cannot complete (a broken transport, or Open MPI stuck serving two ranks
+    # aborting at once), leave on our own. mpi4py's Abort holds the GIL, so a Python timer
+    # could never run; faulthandler's C thread needs no GIL and calls _exit(1).
+    # (Its traceback dump goes to /dev/null: the message above already says why we stop.)
+    faulthandler.dump_traceback_later(_ABORT_GRACE_SECONDS, exit=True, file=open(os.devnull, "w"))
     MPI.COMM_WORLD.Abort(exit_code)
 
 
@@ -57,6 +71,18 @@ def _pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
     except OSError:
         return True
+
+
+#: every watchdog of this process: an outward wait is posted on all their boards, since
+#: the ranks waiting on this one may watch another communicator (a host group's board)
+_ALL: "weakref.WeakSet[Watchdog]" = weakref.WeakSet()
+
+
+def _post_outward(flag: int) -> None:
+    for dog in list(_ALL):
+        mine = dog._board.get(dog.rank)
+        if mine is not None:
+            mine[_OUTWARD] = flag
 
 
 class Watchdog:
@@ -83,21 +109,23 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name=f"kvhybrid-watchdog-{name}",
                                         daemon=True)
         self._thread.start()
+        _ALL.add(self)
 
     # -- the shared-memory progress board --------------------------------------------
     def _make_board(self):
-        """One int64 slot per rank on this host: the number of the wait it has entered,
-        or ``-(that number) - 1`` once it has closed its store and left."""
+        """Two int64 slots per rank on this host: the number of the wait it has entered
+        (or ``-(that number) - 1`` once it has closed its store and left), and 1 while it
+        is inside an outward wait."""
         MPI = self._MPI
         try:
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-            win = MPI.Win.Allocate_shared(8, 8, comm=node)
+            win = MPI.Win.Allocate_shared(16, 8, comm=node)
             ranks = node.allgather(self.rank)
             board = {}
             for node_rank, rank in enumerate(ranks):
                 buf, _ = win.Shared_query(node_rank)
-                board[rank] = np.frombuffer(buf, dtype=np.int64, count=1)
-            board[self.rank][0] = 0
+                board[rank] = np.frombuffer(buf, dtype=np.int64, count=2)
+            board[self.rank][:] = 0
             node.Free()
             return board, win
         except Exception as exc:  # no shared memory: laggards are then reported as unknown
@@ -107,13 +135,16 @@ class Watchdog:
     # -- the public part ---------------------------------------------------------------
     @contextlib.contextmanager
     def waiting(self, what: Description, collective: bool = True,
-                timeout: Optional[float] = None, hint: Optional[str] = None):
+                timeout: Optional[float] = None, hint: Optional[str] = None,
+                outward: bool = False):
         """Run a blocking wait described by ``what`` under the timeout.
 
         Collective waits are numbered (the same numbers on every rank, since
         every rank makes the same calls) and posted on the board; local waits
         (the MXNet engine) are timed but not numbered. ``timeout`` replaces the
         group's for this wait, and ``hint`` the advice given when it expires.
+        ``outward`` marks a wait on processes outside the group (the parameter
+        servers): it gets ``OUTWARD_FACTOR`` x the timeout and is posted on the board.
         """
         if self._what is not None:  # inside another wait: its guard already covers this one
             yield
@@ -121,21 +152,25 @@ class Watchdog:
         if collective:
             self._seq += 1
             if self._board:
-                self._board[self.rank][0] = self._seq
+                self._board[self.rank][_SEQ] = self._seq
         self._since = time.monotonic()
         self._warned = False
-        self._limit = timeout or self.timeout
+        self._limit = (timeout or self.timeout) * (OUTWARD_FACTOR if outward else 1.0)
         self._hint = hint
         self._what = what
+        if outward:
+            _post_outward(1)
         try:
             yield
         finally:
             self._what = None
+            if outward:
+                _post_outward(0)
 
     def close(self) -> None:
         self._stop.set()
         if self._board:
-            self._board[self.rank][0] = -self._seq - 1
+            self._board[self.rank][_SEQ] = -self._seq - 1
         if self._board_window is not None:
             self._board = {}
             self._board_window = None  # freed with MPI; Win.Free is collective
@@ -145,6 +180,11 @@ class Watchdog:
         return f"rank {rank} (pid {pid} on {host})"
 
     # -- the thread ----------------------------------------------------------------------
+    def _behind(self, seq: int) -> List[int]:
+        """The ranks on this host that have not reached wait ``seq`` and are still in."""
+        return [rank for rank, slot in self._board.items()
+                if rank != self.rank and 0 <= int(slot[_SEQ]) < seq]
+
     def _laggards(self, seq: int) -> str:
         behind, unknown = [], []
         for rank in range(len(self.peers)):
@@ -153,11 +193,13 @@ class Watchdog:
             slot = self._board.get(rank)
             if slot is None:
                 unknown.append(rank)
-            elif int(slot[0]) < 0:
+            elif int(slot[_SEQ]) < 0:
                 behind.append(f"{self.describe(rank)} has closed its store after wait "
-                              f"#{-int(slot[0]) - 1}")
-            elif int(slot[0]) < seq:
-                behind.append(f"{self.describe(rank)} is still before it (at wait #{int(slot[0])})")
+                              f"#{-int(slot[_SEQ]) - 1}")
+            elif int(slot[_SEQ]) < seq:
+                outside = ", waiting for the parameter servers" if slot[_OUTWARD] else ""
+                behind.append(f"{self.describe(rank)} is still before it "
+                              f"(at wait #{int(slot[_SEQ])}{outside})")
         parts = behind or ["every rank on this host has arrived"]
         if unknown:
             parts.append(f"ranks {unknown} are on other hosts (state unknown)")
@@ -171,9 +213,17 @@ class Watchdog:
             if not _pid_alive(self.peers[rank][1]):
                 return f"{self.describe(rank)} has exited"
             slot = self._board.get(rank)
-            if slot is not None and int(slot[0]) < 0 and -int(slot[0]) - 1 < seq:
-                return f"{self.describe(rank)} has closed its store after wait #{-int(slot[0]) - 1}"
+            if slot is not None and int(slot[_SEQ]) < 0 and -int(slot[_SEQ]) - 1 < seq:
+                left = -int(slot[_SEQ]) - 1
+                return f"{self.describe(rank)} has closed its store after wait #{left}"
         return None
+
+    def _limit_now(self, seq: int) -> float:
+        """This wait's limit, deferred while every laggard waits further down a chain."""
+        behind = self._behind(seq)
+        if behind and all(self._board[rank][_OUTWARD] for rank in behind):
+            return max(self._limit, self.timeout * DEFERRED_FACTOR)
+        return self._limit
 
     def _run(self) -> None:
         while not self._stop.wait(_POLL_SECONDS):
@@ -188,12 +238,13 @@ class Watchdog:
                                      f"(wait #{seq}); aborting the job. Every rank must make the "
                                      "same calls; look at that rank's output for the cause.")
                 return
-            if elapsed > self._limit and self._what is current:
+            limit = self._limit_now(seq)
+            if elapsed > limit and self._what is current:
                 advice = self._hint or (f"{self._laggards(seq)}. A rank is stuck or ran a different "
                                         "sequence of calls; if this wait is legitimately longer, "
                                         "raise KVHYBRID_TIMEOUT.")
                 abort_job(self._MPI, f"kvhybrid: rank {self.rank} timed out after "
-                                     f"{self._limit:.0f} s waiting for {what} (wait #{seq}): {advice}")
+                                     f"{limit:.0f} s waiting for {what} (wait #{seq}): {advice}")
                 return
             if elapsed > self.stall_warning and not self._warned:
                 self._warned = True
