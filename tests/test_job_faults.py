@@ -57,7 +57,7 @@ def test_dead_scheduler_ends_the_job_naming_it(tmp_path):
 
 def test_stalled_server_ends_the_job_naming_the_wait_and_the_stopped_process(tmp_path):
     out = fault(tmp_path, "stall", "server", 0)
-    assert "timed out after 8 s waiting for the parameter servers" in out
+    assert "timed out after 12 s waiting for the parameter servers" in out
     assert "server 0 on localhost" in out and "is stopped" in out
 
 
@@ -76,8 +76,7 @@ def test_server_port_dropping_packets_ends_the_job_naming_the_wait(tmp_path):
         hostfile.write_text(f"{hosts.names[0]} slots=4\n")
         out = fault(tmp_path, "close_port", "server", 0, netns=hosts.names[0],
                     launch=HYBRID + ["--launcher", "netns", "--hostfile", hostfile])
-    # the master times out on the servers (naming the scheduler's address), or, when a
-    # loaded machine lets a peer's watchdog fire first, the peer names the master it waits for
-    assert "timed out after 8 s waiting for" in out
-    assert (f"the parameter servers to return key" in out and
-            f"scheduler at {hosts.addresses[0]}" in out) or "rank 0 (pid" in out, out[-3000:]
+    # the master times out on the servers, naming the scheduler's address (its peers, who wait
+    # for the master, defer: the rank at the end of the chain reports)
+    assert "timed out after 12 s waiting for the parameter servers to return key" in out, out
+    assert f"scheduler at {hosts.addresses[0]}" in out

@@ -116,6 +116,16 @@ class ServerLink:
         self._bounds: Dict[Key, np.ndarray] = {}   # row ranges of each table's pieces
         self._probes = 0  # probe keys count down from PROBE_KEY_TOP
 
+    def _waiting(self, what):
+        """Guard a wait on the servers. It also waits for every other client group, so it is
+        an outward wait (a longer limit): when a worker of another group is stuck, that
+        group's own ranks, who wait on it directly, report it by name first."""
+        return self._dog.waiting(
+            what, collective=False, outward=True,
+            hint="a parameter server or a worker of another client group is stuck or "
+                 "unreachable (the launcher's summary and that group's output name which); if "
+                 "this wait is legitimately longer, raise KVHYBRID_TIMEOUT")
+
     @property
     def ps_rank(self) -> int:
         return self._kv.rank
@@ -170,8 +180,8 @@ class ServerLink:
                 shape=(hi - lo,) + tuple(value.shape[1:]), ctx=value.context, dtype=value.dtype)
             if self.rejoin:
                 continue
-            with self._dog.waiting(lambda: f"the other client groups to init the rows of key "
-                                           f"{key!r} on the parameter servers", collective=False):
+            with self._waiting(lambda: f"the other client groups to init the rows of key "
+                                       f"{key!r} on the parameter servers"):
                 self._kv.init(piece_key(index, i), part)   # blocks until every master has
 
     def _pieces(self, key: Key, ids: np.ndarray):
@@ -209,9 +219,8 @@ class ServerLink:
             self._kv.row_sparse_pull(piece_key(index, i), out=out,
                                      row_ids=mx.nd.array(ids[part] - first, dtype="int64"))
             outs.append(out)
-        with self._dog.waiting(lambda: f"the parameter servers to return {len(ids)} rows of key "
-                                       f"{key!r} (scheduler at {scheduler_address()})",
-                               collective=False):
+        with self._waiting(lambda: f"the parameter servers to return {len(ids)} rows of key "
+                                   f"{key!r} (scheduler at {scheduler_address()})"):
             parts = [o.data.asnumpy() for o in outs]
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
@@ -219,8 +228,8 @@ class ServerLink:
         """Register ``key`` on the servers (ps-lite rank 0's value wins); pull it into ``out``."""
         self.check_new(key)
         kid = self._ids[key] = self._next_id(key)
-        with self._dog.waiting(lambda: f"the other client groups to init key {key!r} on the "
-                                       "parameter servers", collective=False):
+        with self._waiting(lambda: f"the other client groups to init key {key!r} on the "
+                                   "parameter servers"):
             if not self.rejoin:
                 self._kv.init(kid, value)
             self._kv.pull(kid, out=out)
@@ -234,8 +243,8 @@ class ServerLink:
         kid = self._ids[key]
         self._kv.push(kid, value)
         self._kv.pull(kid, out=out)
-        with self._dog.waiting(lambda: f"the parameter servers to return key {key!r} "
-                                       f"(scheduler at {scheduler_address()})", collective=False):
+        with self._waiting(lambda: f"the parameter servers to return key {key!r} "
+                                   f"(scheduler at {scheduler_address()})"):
             out.wait_to_read()
 
     def push_pull_many(self, items: List[Tuple[Key, NDArray, NDArray]]) -> None:
@@ -246,16 +255,16 @@ class ServerLink:
             self._kv.push(kid, value)
             self._kv.pull(kid, out=out)
         keys = ", ".join(repr(k) for k, _, _ in items)
-        with self._dog.waiting(lambda: f"the parameter servers to return keys {keys} "
-                                       f"(scheduler at {scheduler_address()})", collective=False):
+        with self._waiting(lambda: f"the parameter servers to return keys {keys} "
+                                   f"(scheduler at {scheduler_address()})"):
             for _, _, out in items:
                 out.wait_to_read()
 
     def pull(self, key: Key, out: NDArray) -> None:
         """The servers' current value of ``key``, into ``out``."""
         self._kv.pull(self._ids[key], out=out)
-        with self._dog.waiting(lambda: f"the parameter servers to return key {key!r} "
-                                       f"(scheduler at {scheduler_address()})", collective=False):
+        with self._waiting(lambda: f"the parameter servers to return key {key!r} "
+                                   f"(scheduler at {scheduler_address()})"):
             out.wait_to_read()
 
     def set_optimizer(self, optimizer, pieces: int = 1) -> bool:
@@ -271,7 +280,7 @@ class ServerLink:
         say SGD with learning_rate=-1, still moves in the second). In async mode a pull
         may come before other masters' pushes land: pull until the value moves (5 s at most).
         """
-        with self._dog.waiting("the parameter servers to take the optimizer", collective=False):
+        with self._waiting("the parameter servers to take the optimizer"):
             self._kv.set_optimizer(ServerOptimizer(self._for_servers(optimizer, pieces)))
         if self.rejoin:   # the first start probed these servers; they keep their states
             return True
@@ -280,8 +289,7 @@ class ServerLink:
         probe = mx.nd.zeros((1,))
         without = float(self.num_masters) if self.mode == "dist_sync" else 1.0
         seen = []
-        with self._dog.waiting("the parameter servers to answer the optimizer probe",
-                               collective=False):
+        with self._waiting("the parameter servers to answer the optimizer probe"):
             self._kv.init(kid, probe)
             last = 0.0
             tries = 1 if self.mode == "dist_sync" else 500   # sync: a round ends with its update
@@ -314,8 +322,8 @@ class ServerLink:
     def command(self, action: str, directory: str, token: str, keys=()) -> None:
         """Have every server save or load its optimizer states in ``directory``
         (``server_side.command``); returns when every server has run it."""
-        with self._dog.waiting(f"the parameter servers to {action} their optimizer states in "
-                               f"{directory}", collective=False):
+        with self._waiting(f"the parameter servers to {action} their optimizer states in "
+                           f"{directory}"):
             self._kv.set_optimizer(Command(action, directory, token, keys))
 
     def ps_keys(self, key: Key) -> List[int]:
@@ -327,8 +335,7 @@ class ServerLink:
 
     def barrier(self) -> None:
         """Wait for this master's pushes to be answered, then for every master."""
-        with self._dog.waiting("the other client groups' masters at a barrier",
-                               collective=False):
+        with self._waiting("the other client groups' masters at a barrier"):
             mx.nd.waitall()
             self._kv._barrier()
 
