@@ -128,11 +128,16 @@ class LaunchedJob:
         raise AssertionError(f"no worker of rank {rank} found")
 
     def inject(self, action: str, role: str, rank: int = 0, at_step: int = 0,
-               step_rank: int = 0) -> psutil.Process:
-        """Wait until worker ``step_rank`` logs step ``at_step``, then hit ``role`` ``rank``."""
+               step_rank: int = 0, step_client: Optional[int] = None) -> psutil.Process:
+        """Wait until worker ``step_rank`` logs step ``at_step`` (or, with ``step_client``, any
+        worker of that client group: the store numbers ranks by the groups' ps-lite order,
+        which varies from run to run), then hit ``role`` ``rank``."""
         if action not in SIGNALS and action != "close_port":
             raise ValueError(f"action must be one of {sorted(SIGNALS) + ['close_port']}")
-        self.wait_for(rf"rank {step_rank} step {at_step}\b")
+        if step_client is None:
+            self.wait_for(rf"rank {step_rank} step {at_step}\b")
+        else:
+            self.wait_for(rf"^\[client {step_client}\] \S*rank \d+ step {at_step}\b")
         target = self.process(role, rank)
         self.fault_time = time.monotonic()
         if action == "close_port":
