@@ -59,6 +59,15 @@ def abort_job(MPI, message: str, exit_code: int = 1) -> None:
     MPI.COMM_WORLD.Abort(exit_code)
 
 
+def _pid_state(pid: int) -> str:
+    """The process's state letter from /proc (R, S, T for stopped, Z...), or "" if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -199,11 +208,17 @@ class Watchdog:
             elif int(slot[_SEQ]) < seq:
                 outside = ", waiting for the parameter servers" if slot[_OUTWARD] else ""
                 behind.append(f"{self.describe(rank)} is still before it "
-                              f"(at wait #{int(slot[_SEQ])}{outside})")
+                              f"(at wait #{int(slot[_SEQ])}{outside}{self._stopped(rank)})")
+            elif self._stopped(rank):   # it arrived, then stopped inside the wait
+                behind.append(f"{self.describe(rank)} is stopped (SIGSTOP, or a debugger) "
+                              f"inside wait #{int(slot[_SEQ])}")
         parts = behind or ["every rank on this host has arrived"]
         if unknown:
             parts.append(f"ranks {unknown} are on other hosts (state unknown)")
         return "; ".join(parts)
+
+    def _stopped(self, rank: int) -> str:
+        return ", stopped" if _pid_state(self.peers[rank][1]) in ("T", "t") else ""
 
     def _gone_peer(self, seq: int) -> Optional[str]:
         """A peer on this host that will never reach wait ``seq``, described, or None."""
