@@ -115,6 +115,10 @@ class StoreConfig:
     #: list of keys (kvhybrid.DistributedTrainer makes one per step) sums in a
     #: single allreduce; 0 turns fusion off.
     fusion_threshold: int = 64 * 2**20
+    #: KVHYBRID_PACK_KEYS: with several client groups and the optimizer on the servers,
+    #: the small dense keys of a multi-key call travel to the servers packed into a few
+    #: ps-lite keys (kvstore/packs.py: ps-lite keeps memory for every request for good).
+    pack_keys: bool = True
     #: KVHYBRID_ALLREDUCE: the algorithm for dense sums; auto picks one by message
     #: size and the group's hosts (tensor_collectives/algorithms.py).
     allreduce: str = "auto"
@@ -161,6 +165,7 @@ class StoreConfig:
         "allow_singleton": ("KVHYBRID_ALLOW_SINGLETON", _parse_bool),
         "connect_timeout": ("KVHYBRID_CONNECT_TIMEOUT", _parse_seconds),
         "fusion_threshold": ("KVHYBRID_FUSION_THRESHOLD", _parse_count),
+        "pack_keys": ("KVHYBRID_PACK_KEYS", _parse_bool),
         "allreduce": ("KVHYBRID_ALLREDUCE", _parse_algorithm),
         "emulate_node_size": ("KVHYBRID_EMULATE_NODE_SIZE", _parse_count),
         "routes": ("KVHYBRID_ROUTES", _parse_routes),

@@ -190,12 +190,9 @@ def _keys_on_servers(store) -> List[Key]:
 
 
 def _save_server_values(store, path: str) -> None:
-    out = {}
-    for key in _keys_on_servers(store):
-        slot = store._slots[key]
-        value = mx.nd.zeros(slot.shape, mx.cpu(), dtype=slot.dtype)
-        store._servers.pull(key, value)
-        out[str(key)] = value
+    out = {str(key): mx.nd.zeros(store._slots[key].shape, mx.cpu(), dtype=store._slots[key].dtype)
+           for key in _keys_on_servers(store)}
+    store._servers.pull_many([(key, out[str(key)]) for key in _keys_on_servers(store)])
     if out:
         mx.nd.save(path, out)
 
@@ -317,11 +314,12 @@ def _restore_servers(store, meta, directory: str, values) -> None:
     sync = links.mode == "dist_sync"
     # ps-lite rank 0 pushes each saved value; in sync mode the servers wait for every
     # master's push, so the others push zeros (no rows), which leave the sum as it is
-    for key in _keys_on_servers(store):
-        want = dense[str(key)]
-        if first or sync:
-            sent = want.copy() if first else mx.nd.zeros(want.shape, dtype=want.dtype)
-            links.push_pull(key, sent, mx.nd.zeros(want.shape, dtype=want.dtype))
+    if first or sync:
+        sent = {str(k): dense[str(k)].asnumpy().reshape(-1) for k in _keys_on_servers(store)}
+        if not first:
+            sent = {k: np.zeros_like(v) for k, v in sent.items()}
+        links.push_pull_views([(k, sent[str(k)], np.empty_like(sent[str(k)]))
+                               for k in _keys_on_servers(store)], new_packs=False)
     for key in tables:
         slot = store._slots[key]
         ids = np.arange(slot.shape[0], dtype=np.int64)
@@ -330,11 +328,11 @@ def _restore_servers(store, meta, directory: str, values) -> None:
             links.push_rows(key, ids if first else ids[:0], rows if first else rows[:0],
                             slot.shape, slot.dtype)
     links.barrier()
+    got = {str(k): mx.nd.zeros(dense[str(k)].shape, dtype=dense[str(k)].dtype)
+           for k in _keys_on_servers(store)}
+    links.pull_many([(k, got[str(k)]) for k in _keys_on_servers(store)])
     for key in _keys_on_servers(store):
-        want = dense[str(key)]
-        got = mx.nd.zeros(want.shape, dtype=want.dtype)
-        links.pull(key, got)
-        _check_restored(key, got.asnumpy(), want.asnumpy())
+        _check_restored(key, got[str(key)].asnumpy(), dense[str(key)].asnumpy())
     for key in tables:
         slot = store._slots[key]
         ids = np.arange(slot.shape[0], dtype=np.int64)

@@ -9,6 +9,13 @@ every server, saves or loads that server's states and hands back the installed
 optimizer (the server then installs it again; its states survive, see
 ``create_state_multi_precision``).
 
+Small dense keys travel packed (``servers.Pack``): one ps-lite key holds a presence mask
+(one element per member) and then the members' values. ps-lite spends memory on every
+request for good (``Customer::NewRequest`` keeps 8 bytes each), so a step of 5,000 small
+keys would grow a master by 80 kB; packed, it sends a few requests. A pack's update runs
+the optimizer on each member that the mask says was pushed, as a view into the pack and
+under the member's own key, so states, counts and multipliers are those of the member.
+
 A server's weights are not read here: workers pull them. To restore them, ``load``
 marks the keys whose next update *sets* the weight to the pushed value (and the state
 to the saved one) instead of applying the optimizer; workers then push the saved values.
@@ -23,7 +30,7 @@ import gc
 import logging
 import os
 import pickle
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 log = logging.getLogger("kvhybrid.server")
 
@@ -45,8 +52,10 @@ def _install(inner) -> "ServerOptimizer":
     global _INSTALLED
     previous = _INSTALLED
     _INSTALLED = ServerOptimizer(inner)
-    if previous is not None and type(previous.inner) is type(inner):
-        _INSTALLED._states = previous._states
+    if previous is not None:
+        _INSTALLED._packs = previous._packs
+        if type(previous.inner) is type(inner):
+            _INSTALLED._states = previous._states
     return _INSTALLED
 
 
@@ -61,6 +70,8 @@ class ServerOptimizer:
         self._states: Dict[int, object] = {}
         self._setting: set = set()                 # keys whose next update sets the weight
         self._saved_states: Dict[int, object] = {}
+        #: pack key -> (mask length, [(member key, first element, end, shape)])
+        self._packs: Dict[int, Tuple[int, List[Tuple[int, int, int, tuple]]]] = {}
 
     def __reduce__(self):
         # the states stay where they are: only the optimizer travels
@@ -74,6 +85,8 @@ class ServerOptimizer:
     def create_state_multi_precision(self, index, weight):
         """A state per key, kept here too: a server installs a fresh updater each time the
         optimizer arrives (a command, a second Trainer), and it must find the old states."""
+        if index in self._packs:   # each member gets its own, at its first update
+            return None
         if index not in self._states:
             self._states[index] = self.inner.create_state_multi_precision(index, weight)
         return self._states[index]
@@ -82,6 +95,9 @@ class ServerOptimizer:
         return self.create_state_multi_precision(index, weight)
 
     def update_multi_precision(self, index, weight, grad, state):
+        if index in self._packs:
+            self._update_pack(index, weight, grad)
+            return
         if index in self._setting:
             self._setting.discard(index)
             grad.copyto(weight)
@@ -93,6 +109,21 @@ class ServerOptimizer:
 
     def update(self, index, weight, grad, state):
         self.update_multi_precision(index, weight, grad, state)
+
+    def _update_pack(self, index, weight, grad) -> None:
+        """Update the members of pack ``index`` that were pushed (mask > 0), in place."""
+        mask_len, members = self._packs[index]
+        present = grad[0:mask_len].asnumpy()
+        for i, (member, start, end, shape) in enumerate(members):
+            if present[i] == 0:
+                continue
+            w = weight[start:end].reshape(shape)
+            g = grad[start:end].reshape(shape)
+            self.update_multi_precision(member, w, g,
+                                        self.create_state_multi_precision(member, w))
+
+    def add_packs(self, packs) -> None:
+        self._packs.update(packs)
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, path: str, token: str) -> None:
@@ -164,4 +195,26 @@ class Command:
         return command, self.args
 
     # what MXNet's set_optimizer reads on the worker before it sends the object
+    multi_precision = False
+
+
+def add_packs(packs) -> Optional[ServerOptimizer]:
+    """Register pack layouts on this server (unpickled there, see ``PackCommand``)."""
+    if _INSTALLED is None:
+        raise RuntimeError("kvhybrid: a server got packed keys before an optimizer")
+    _INSTALLED.add_packs(packs)
+    return _INSTALLED
+
+
+class PackCommand:
+    """Pack layouts as a worker sends them (``set_optimizer`` of this object runs
+    ``add_packs`` on every server): {pack key: (mask length, [(member key, first
+    element, end, shape)])}."""
+
+    def __init__(self, packs):
+        self.packs = packs
+
+    def __reduce__(self):
+        return add_packs, (self.packs,)
+
     multi_precision = False

@@ -27,9 +27,11 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError
+from ..tensor_collectives.ndarray_view import host_view, wait_to_write
 from ..tensor_collectives.watchdog import Watchdog
 from .keys import Key
-from .server_side import Command, ServerOptimizer
+from . import packs
+from .server_side import Command, PackCommand, ServerOptimizer
 
 log = logging.getLogger("kvhybrid")
 
@@ -49,6 +51,9 @@ ROWS_KEY_BASE = 1 << 16
 PIECE_STRIDE = 1 << 12
 PIECES_KEY_BASE = 1 << 17
 MAX_PARTITIONS = 1 + ((2 ** 31 // 9973) - PIECES_KEY_BASE) // PIECE_STRIDE   # 21
+#: packs of small keys (packs.py) take the ids left above the last piece: 2,337 of them
+PACK_KEY_BASE = PIECES_KEY_BASE + (MAX_PARTITIONS - 1) * PIECE_STRIDE
+PACK_KEY_END = 2 ** 31 // 9973
 
 
 def piece_key(index: int, piece: int) -> Optional[int]:
@@ -115,6 +120,16 @@ class ServerLink:
         self._ids: Dict[Key, int] = {}
         self._bounds: Dict[Key, np.ndarray] = {}   # row ranges of each table's pieces
         self._probes = 0  # probe keys count down from PROBE_KEY_TOP
+        #: small keys travel packed once the servers run kvhybrid's optimizer (packs.py);
+        #: the store turns it off with KVHYBRID_PACK_KEYS=0
+        self.pack_keys = True
+        self.packing = False
+        self._packs: List[packs.Pack] = []
+        self._packed: Dict[Key, Tuple[packs.Pack, int]] = {}
+        self._wires: Dict[Key, Tuple[NDArray, np.ndarray]] = {}   # unpacked keys' arrays
+        self._shapes: Dict[Key, Tuple[tuple, np.dtype]] = {}      # dense keys' shape, dtype
+        #: ps-lite requests sent (pushes and pulls): ps-lite keeps 8 bytes for each
+        self.requests = 0
 
     def _waiting(self, what):
         """Guard a wait on the servers. It also waits for every other client group, so it is
@@ -197,30 +212,35 @@ class ServerLink:
         of every piece, so a piece this group did not touch gets an empty push; in async
         mode only the pieces touched are pushed."""
         index, bounds = self._ids[key], self._bounds[key]
-        for i, first, part in self._pieces(key, ids):
-            if part.start == part.stop and self.mode == "dist_async":
-                continue
-            n = int(bounds[i + 1]) - first
-            array = mx.nd.sparse.row_sparse_array(
-                (rows[part], ids[part] - first), shape=(n,) + tuple(shape[1:]), ctx=mx.cpu(),
-                dtype=dtype)
-            self._kv.push(piece_key(index, i), array)  # ps-lite reuses it: a new one each time
+        with self._waiting(lambda: f"the parameter servers to take the rows of key {key!r} "
+                                   f"(scheduler at {scheduler_address()})"):
+            for i, first, part in self._pieces(key, ids):
+                if part.start == part.stop and self.mode == "dist_async":
+                    continue
+                n = int(bounds[i + 1]) - first
+                array = mx.nd.sparse.row_sparse_array(
+                    (rows[part], ids[part] - first), shape=(n,) + tuple(shape[1:]),
+                    ctx=mx.cpu(), dtype=dtype)
+                # a push waits for the key's previous round trip: inside the guard
+                self._kv.push(piece_key(index, i), array)  # ps-lite reuses it: a new one each time
+                self.requests += 1
 
     def pull_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> np.ndarray:
         """The servers' current rows ``ids`` (sorted, unique, non-empty) of ``key``: only the
         pieces that hold some of them are asked."""
         index, bounds = self._ids[key], self._bounds[key]
         outs = []
-        for i, first, part in self._pieces(key, ids):
-            if part.start == part.stop:
-                continue
-            n = int(bounds[i + 1]) - first
-            out = mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
-            self._kv.row_sparse_pull(piece_key(index, i), out=out,
-                                     row_ids=mx.nd.array(ids[part] - first, dtype="int64"))
-            outs.append(out)
         with self._waiting(lambda: f"the parameter servers to return {len(ids)} rows of key "
                                    f"{key!r} (scheduler at {scheduler_address()})"):
+            for i, first, part in self._pieces(key, ids):
+                if part.start == part.stop:
+                    continue
+                n = int(bounds[i + 1]) - first
+                out = mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
+                self._kv.row_sparse_pull(piece_key(index, i), out=out,
+                                         row_ids=mx.nd.array(ids[part] - first, dtype="int64"))
+                self.requests += 1
+                outs.append(out)
             parts = [o.data.asnumpy() for o in outs]
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
@@ -228,6 +248,7 @@ class ServerLink:
         """Register ``key`` on the servers (ps-lite rank 0's value wins); pull it into ``out``."""
         self.check_new(key)
         kid = self._ids[key] = self._next_id(key)
+        self._shapes[key] = tuple(value.shape), np.dtype(value.dtype)
         with self._waiting(lambda: f"the other client groups to init key {key!r} on the "
                                    "parameter servers"):
             if not self.rejoin:
@@ -240,32 +261,141 @@ class ServerLink:
         weight the servers' optimizer updated) into ``out``. MXNet keeps a pushed CPU array
         as the key's buffer and pulls into it: ``value`` is overwritten too, so push a copy
         of anything that must survive (the elastic store does)."""
+        if key in self._packed:
+            got = np.empty(out.shape, dtype=np.dtype(out.dtype)).reshape(-1)
+            self.push_pull_views([(key, value.asnumpy().reshape(-1), got)], new_packs=False)
+            out[:] = got.reshape(out.shape)
+            return
         kid = self._ids[key]
-        self._kv.push(kid, value)
-        self._kv.pull(kid, out=out)
         with self._waiting(lambda: f"the parameter servers to return key {key!r} "
                                    f"(scheduler at {scheduler_address()})"):
+            self._kv.push(kid, value)   # waits for the key's previous round trip
+            self._kv.pull(kid, out=out)
+            self.requests += 2
             out.wait_to_read()
 
-    def push_pull_many(self, items: List[Tuple[Key, NDArray, NDArray]]) -> None:
-        """``push_pull`` of several keys ``(key, value, out)``: every push and pull is
-        issued before the first wait, so the servers work on all of them at once."""
-        for key, value, out in items:
-            kid = self._ids[key]
-            self._kv.push(kid, value)
-            self._kv.pull(kid, out=out)
-        keys = ", ".join(repr(k) for k, _, _ in items)
+    def push_pull_views(self, items: List[Tuple[Key, np.ndarray, np.ndarray]],
+                        new_packs: bool = True) -> None:
+        """``push_pull`` of several dense keys ``(key, flat sum, flat answer)`` given as host
+        views: packed keys travel in their packs, the others in arrays of their own; every
+        push and pull is issued before the first wait, so the servers work on all at once.
+        With ``new_packs``, keys not yet packed are packed now (every master makes the same
+        calls, so every master makes the same packs)."""
+        if new_packs and self.packing:
+            self._make_packs([key for key, _, _ in items if key not in self._packed])
+        sent = {}   # pid -> the packs pushed, masks cleared before their first member
+        waits = []
+        keys = ", ".join(repr(k) for k, _, _ in items[:8]) + (" ..." if len(items) > 8 else "")
         with self._waiting(lambda: f"the parameter servers to return keys {keys} "
                                    f"(scheduler at {scheduler_address()})"):
-            for _, _, out in items:
-                out.wait_to_read()
+            for key, src, _ in items:
+                hit = self._packed.get(key)
+                if hit is not None:
+                    pack, i = hit
+                    if pack.pid not in sent:
+                        sent[pack.pid] = pack
+                        pack.mask[:] = 0
+                    pack.mask[i] = 1
+                    np.copyto(pack.region(i), src)
+                else:
+                    array, view = self._wire(key)
+                    np.copyto(view, src)
+                    waits.append(self._push_pull_array(self._ids[key], array))
+            waits += [self._push_pull_array(pack.pid, pack.array) for pack in sent.values()]
+            for array in waits:
+                array.wait_to_read()
+        for key, _, dst in items:
+            hit = self._packed.get(key)
+            np.copyto(dst, hit[0].region(hit[1]) if hit is not None else self._wires[key][1])
+
+    def _push_pull_array(self, kid: int, array: NDArray) -> NDArray:
+        self._kv.push(kid, array)
+        self._kv.pull(kid, out=array)
+        self.requests += 2
+        return array
+
+    def _wire(self, key: Key) -> Tuple[NDArray, np.ndarray]:
+        """The array an unpacked key travels in (MXNet pulls into the array it pushed
+        from; a key of its own each, or every key's round trip would wait for the one
+        before), and its host view."""
+        if key not in self._wires:
+            shape, dtype = self._shapes[key]
+            array = mx.nd.zeros(shape, mx.cpu(), dtype=dtype)
+            wait_to_write(array)
+            self._wires[key] = array, host_view(array, dtype, int(np.prod(shape)))
+        return self._wires[key]
+
+    def _make_packs(self, keys: List[Key]) -> None:
+        """Pack the small dense keys among ``keys`` (see packs.py): the servers' current
+        values become the packs' first values, and the servers learn the layouts."""
+        candidates = []
+        for key in keys:
+            if key not in self._shapes or key in self._bounds:
+                continue
+            shape, dtype = self._shapes[key]
+            if np.dtype(dtype).kind == "f":
+                candidates.append((key, self._ids[key], int(np.prod(shape)), tuple(shape)))
+        runs = [r for r in packs.plan(candidates, packs.big_array_bound())
+                if all(np.dtype(self._shapes[m.key][1]) == np.dtype(self._shapes[r[0].key][1])
+                       for m in r)]
+        room = PACK_KEY_END - PACK_KEY_BASE - len(self._packs)
+        if len(runs) > room:
+            log.warning("kvhybrid: no ps-lite key left for %d more packs of small keys: "
+                        "they travel one by one", len(runs) - room)
+            runs = runs[:room]
+        if not runs:
+            return
+        new = [packs.Pack(PACK_KEY_BASE + len(self._packs) + i,
+                          np.dtype(self._shapes[r[0].key][1]), r) for i, r in enumerate(runs)]
+        with self._waiting(f"the other client groups' masters to pack {len(new)} groups of "
+                           "small keys on the parameter servers"):
+            # A restarted master finds its packs on the servers, live: it only learns the
+            # layouts (the same calls make the same packs) and pulls them with its first push.
+            if not self.rejoin:
+                self._kv._barrier()   # every master's earlier pushes have landed
+            for pack in new if not self.rejoin else []:
+                for m in pack.members:
+                    self._kv.pull(m.kid, out=self._wire(m.key)[0])
+                    self.requests += 1
+                mx.nd.waitall()
+                for i, m in enumerate(pack.members):
+                    np.copyto(pack.region(i), self._wires[m.key][1])
+                    del self._wires[m.key]
+                self._kv.init(pack.pid, pack.array)
+            self._kv.set_optimizer(PackCommand({p.pid: p.layout() for p in new}))
+        self._packs += new
+        self._packed.update(packs.by_key(new))
+        log.debug("packed %d small keys into %d ps-lite keys",
+                  sum(len(p.members) for p in new), len(new))
+
+    def pull_many(self, items: List[Tuple[Key, NDArray]]) -> None:
+        """The servers' current values of several keys, into their ``out`` arrays; each
+        pack is pulled once."""
+        waits, pulled = [], {}
+        keys = ", ".join(repr(k) for k, _ in items[:8]) + (" ..." if len(items) > 8 else "")
+        with self._waiting(lambda: f"the parameter servers to return keys {keys} "
+                                   f"(scheduler at {scheduler_address()})"):
+            for key, out in items:
+                hit = self._packed.get(key)
+                if hit is None:
+                    self._kv.pull(self._ids[key], out=out)
+                    waits.append(out)
+                    self.requests += 1
+                elif hit[0].pid not in pulled:
+                    pulled[hit[0].pid] = hit[0]
+                    self._kv.pull(hit[0].pid, out=hit[0].array)
+                    waits.append(hit[0].array)
+                    self.requests += 1
+            for array in waits:
+                array.wait_to_read()
+        for key, out in items:
+            hit = self._packed.get(key)
+            if hit is not None:
+                out[:] = hit[0].region(hit[1]).reshape(out.shape)
 
     def pull(self, key: Key, out: NDArray) -> None:
         """The servers' current value of ``key``, into ``out``."""
-        self._kv.pull(self._ids[key], out=out)
-        with self._waiting(lambda: f"the parameter servers to return key {key!r} "
-                                   f"(scheduler at {scheduler_address()})"):
-            out.wait_to_read()
+        self.pull_many([(key, out)])
 
     def set_optimizer(self, optimizer, pieces: int = 1) -> bool:
         """Send the optimizer to the servers; False if they run without it.
@@ -283,6 +413,7 @@ class ServerLink:
         with self._waiting("the parameter servers to take the optimizer"):
             self._kv.set_optimizer(ServerOptimizer(self._for_servers(optimizer, pieces)))
         if self.rejoin:   # the first start probed these servers; they keep their states
+            self.packing = self.pack_keys
             return True
         self._probes += 1
         kid = PROBE_KEY_TOP - self._probes
@@ -302,7 +433,9 @@ class ServerLink:
                     time.sleep(0.01)
                 last = float(probe.asscalar())
                 seen.append(last)
-        return seen != [without, without]
+        took = seen != [without, without]
+        self.packing = took and self.pack_keys
+        return took
 
     @staticmethod
     def _for_servers(optimizer, pieces: int = 1):

@@ -31,6 +31,7 @@ else for sparse gradients and sparse weights; every method is overridden.
 from __future__ import annotations
 
 import atexit
+import collections
 import ctypes
 import functools
 import hashlib
@@ -41,7 +42,7 @@ import tempfile
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Deque, Dict, List, Optional
 
 import numpy as np
 import mxnet as mx
@@ -71,6 +72,8 @@ TYPE = "dist_sync_hybrid-mpi"
 ASYNC_NAME = "hybrid-mpi-async"
 #: ``'async'`` in the type makes Gluon update on the store, as with ``dist_async``.
 ASYNC_TYPE = "dist_async_hybrid-mpi"
+#: step times kept for KVHYBRID_STATS_FILE (the tuner reads them): a bounded clock
+MAX_TICKS = 10_001
 
 
 def _unrecorded(method):
@@ -152,7 +155,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._memo: Dict[tuple, CheckedCall] = {}   # checked pushpull calls (_checked_call)
         self._param_names: Dict[Key, str] = {}      # Gluon's key index -> Parameter name
         self._clock_key = None                      # the first key pushed: one push per step
-        self._ticks: List[float] = []
+        self._ticks: Deque[float] = collections.deque(maxlen=MAX_TICKS)
         self._closed = False
         # With parameter servers, the group's master is a ps-lite worker (with
         # KVHYBRID_ROW_MASTERS=host, each host's first rank); with several client groups,
@@ -168,6 +171,7 @@ class HybridMPIStore(mx.kv.KVStore):
         if self.config.num_servers > 0 and self.row_group.rank == 0:
             self._servers = server_link(self.row_group.watchdog, self.config.connect_timeout,
                                         self.SERVER_MODE, rejoin=self.config.restart > 0)
+            self._servers.pack_keys = self.config.pack_keys
             ps_rank = self._servers.ps_rank
         self._client_rank, self._num_clients = ((0, 1) if host_masters
                                                 else self._agree_on_clients(ps_rank))
@@ -511,36 +515,25 @@ class HybridMPIStore(mx.kv.KVStore):
         to do one by one."""
         if call.plan is None:
             buckets_, rest = self._plan_buckets(call.work, in_place=False)
-            # Each key travels in its own array: MXNet pulls into the array it was pushed
-            # from, and keys sharing one array would share one engine variable, which
-            # would make every key's round trip wait for the one before.
-            call.plan = ([(b, items, [zeros(slot.shape, mx.cpu(), b.dtype) for *_, slot in items],
-                           np.empty(b.total, b.dtype)) for b, items in buckets_], rest)
+            call.plan = ([(b, items, np.empty(b.total, b.dtype)) for b, items in buckets_], rest)
         buckets_, rest = call.plan
-        for bucket, items, wires, flat in buckets_:
+        for bucket, items, flat in buckets_:
             sums = allreduce_fused(bucket, self.group, self._fusion, self._views)
             if self._servers is not None:   # the engine is idle: allreduce_fused waited
-                for wire, total, (*_, slot) in zip(wires, sums, items):
-                    np.copyto(self._views.get(wire, slot.dtype, slot.count), total.view)
-                self._servers.push_pull_many([(k, wire, wire) for (k, *_), wire in
-                                              zip(items, wires)])
-                for wire, total, (*_, slot) in zip(wires, sums, items):
-                    np.copyto(flat[total.span],
-                              self._views.get(wire, slot.dtype, slot.count))
+                self._servers.push_pull_views([(k, total.view, flat[total.span])
+                                               for (k, *_), total in zip(items, sums)])
             broadcast_view(flat, 0, self.group, name=f"{bucket.name} from the servers",
                            patient=True)
-            for (k, value_k, out_k, slot), total, wire in zip(items, sums, wires):
+            for (k, value_k, out_k, slot), total in zip(items, sums):
                 answer = flat[total.span]
                 dst = list(out_k if out_k is not None else value_k)
                 if self._updater is not None:
                     dst.append(slot.value)
-                if not all(is_host(arr) for arr in dst):   # the engine copies to devices
-                    np.copyto(self._views.get(wire, slot.dtype, slot.count), answer)
                 for arr in dst:   # nothing the engine runs uses them now
                     if is_host(arr):
                         np.copyto(self._views.get(arr, slot.dtype, slot.count), answer)
-                    else:
-                        wire.copyto(arr)
+                    else:   # the engine copies it to the device
+                        arr[:] = answer.reshape(arr.shape)
         return rest
 
     def _plan_buckets(self, work, in_place: bool = True):
@@ -666,8 +659,10 @@ class HybridMPIStore(mx.kv.KVStore):
             self._ticks.append(time.perf_counter())
 
     def step_seconds(self) -> List[float]:
-        """Seconds between consecutive steps so far (one push of the first key per step)."""
-        return [b - a for a, b in zip(self._ticks, self._ticks[1:])]
+        """Seconds between consecutive steps (one push of the first key per step): the
+        last ``MAX_TICKS - 1`` steps, so that a long job's clock does not grow."""
+        ticks = list(self._ticks)
+        return [b - a for a, b in zip(ticks, ticks[1:])]
 
     def _write_stats(self) -> None:
         """KVHYBRID_STATS_FILE: rank 0 writes step times and key stats (for the tuner)."""
@@ -677,6 +672,7 @@ class HybridMPIStore(mx.kv.KVStore):
         stats = {"step_seconds": self.step_seconds(), "partitions": self.config.partitions,
                  "workers": self.num_workers, "clients": self._num_clients,
                  "servers": self.config.num_servers,
+                 "ps_requests": self._servers.requests if self._servers is not None else 0,
                  "keys": {str(k): v for k, v in self.key_stats().items()}}
         with open(path, "w") as f:
             json.dump(stats, f)
