@@ -43,7 +43,17 @@ def save_then_kill_everything(shape, out, env=None):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_resumed_run_equals_uninterrupted_run(shape, tmp_path):
-    env = {"KVHYBRID_PARTITIONS": "2"} if "servers" in shape else None
+    resume_equals_whole(shape, tmp_path, {"KVHYBRID_PARTITIONS": "2"} if "servers" in shape else None)
+
+
+def test_resumed_run_with_packed_keys_equals_uninterrupted_run(tmp_path):
+    """kvhybrid.DistributedTrainer across 2 groups: the dense keys travel packed (packs.py),
+    the checkpoint reads them from the packs, the resumed job packs them again."""
+    r = resume_equals_whole("two_groups_two_servers", tmp_path, {"KVHYBRID_TEST_FUSED": "1"})
+    assert "rank 0 packed keys 4" in r.output, r.output[-3000:]
+
+
+def resume_equals_whole(shape, tmp_path, env):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     whole.mkdir(), cut.mkdir()
     train(shape, whole, env=env)
@@ -56,6 +66,7 @@ def test_resumed_run_equals_uninterrupted_run(shape, tmp_path):
     for name in want:
         error = np.abs(got[name] - want[name]).max() / np.abs(want[name]).max()
         assert error <= 1e-6, f"{name}: relative error {error:.2e}"
+    return r
 
 
 def test_a_checkpoint_resumes_only_a_job_of_its_shape(tmp_path):

@@ -37,7 +37,6 @@ class Member:
     kid: int            # its own ps-lite key: the servers' optimizer updates it under this
     start: int
     end: int
-    shape: Tuple[int, ...]
 
 
 @dataclass
@@ -63,22 +62,21 @@ class Pack:
         return self.view[m.start:m.end]
 
     def layout(self):
-        """What the servers need: (mask length, [(member key, first element, end, shape)])."""
-        return len(self.members), [(m.kid, m.start, m.end, m.shape) for m in self.members]
+        """What the servers need: (mask length, [(member key, first element, end)])."""
+        return len(self.members), [(m.kid, m.start, m.end) for m in self.members]
 
 
-def plan(candidates: Sequence[Tuple[Key, int, int, Tuple[int, ...]]],
-         limit: int) -> List[List[Member]]:
-    """Members of new packs from ``(key, kid, elements, shape)`` in call order: greedy runs
+def plan(candidates: Sequence[Tuple[Key, int, int]], limit: int) -> List[List[Member]]:
+    """Members of new packs from ``(key, kid, elements)`` in call order: greedy runs
     whose mask and values stay below ``limit`` elements; runs of one key stay unpacked."""
     runs: List[List[Member]] = []
-    run: List[Tuple[Key, int, int, Tuple[int, ...]]] = []
+    run: List[Tuple[Key, int, int]] = []
 
     def close():
         if len(run) >= 2:
             start, members = len(run), []
-            for key, kid, count, shape in run:
-                members.append(Member(key, kid, start, start + count, shape))
+            for key, kid, count in run:
+                members.append(Member(key, kid, start, start + count))
                 start += count
             runs.append(members)
         run.clear()

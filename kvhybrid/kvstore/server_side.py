@@ -70,8 +70,8 @@ class ServerOptimizer:
         self._states: Dict[int, object] = {}
         self._setting: set = set()                 # keys whose next update sets the weight
         self._saved_states: Dict[int, object] = {}
-        #: pack key -> (mask length, [(member key, first element, end, shape)])
-        self._packs: Dict[int, Tuple[int, List[Tuple[int, int, int, tuple]]]] = {}
+        #: pack key -> (mask length, [(member key, first element, end)])
+        self._packs: Dict[int, Tuple[int, List[Tuple[int, int, int]]]] = {}
 
     def __reduce__(self):
         # the states stay where they are: only the optimizer travels
@@ -114,11 +114,12 @@ class ServerOptimizer:
         """Update the members of pack ``index`` that were pushed (mask > 0), in place."""
         mask_len, members = self._packs[index]
         present = grad[0:mask_len].asnumpy()
-        for i, (member, start, end, shape) in enumerate(members):
+        for i, (member, start, end) in enumerate(members):
             if present[i] == 0:
                 continue
-            w = weight[start:end].reshape(shape)
-            g = grad[start:end].reshape(shape)
+            # flat, as a server stores an unpacked key: states keep one shape either way
+            w = weight[start:end]
+            g = grad[start:end]
             self.update_multi_precision(member, w, g,
                                         self.create_state_multi_precision(member, w))
 
@@ -209,7 +210,7 @@ def add_packs(packs) -> Optional[ServerOptimizer]:
 class PackCommand:
     """Pack layouts as a worker sends them (``set_optimizer`` of this object runs
     ``add_packs`` on every server): {pack key: (mask length, [(member key, first
-    element, end, shape)])}."""
+    element, end)])}."""
 
     def __init__(self, packs):
         self.packs = packs

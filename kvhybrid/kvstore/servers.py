@@ -124,6 +124,8 @@ class ServerLink:
         #: the store turns it off with KVHYBRID_PACK_KEYS=0
         self.pack_keys = True
         self.packing = False
+        self.num_servers = int(os.environ.get("DMLC_NUM_SERVER", "1"))
+        self._claimed: set = set()   # pack keys handed out
         self._packs: List[packs.Pack] = []
         self._packed: Dict[Key, Tuple[packs.Pack, int]] = {}
         self._wires: Dict[Key, Tuple[NDArray, np.ndarray]] = {}   # unpacked keys' arrays
@@ -327,26 +329,31 @@ class ServerLink:
 
     def _make_packs(self, keys: List[Key]) -> None:
         """Pack the small dense keys among ``keys`` (see packs.py): the servers' current
-        values become the packs' first values, and the servers learn the layouts."""
-        candidates = []
+        values become the packs' first values, and the servers learn the layouts.
+
+        A pack lives on the server its members live on unpacked (MXNet puts a small key on
+        server ``key * 9973 % servers``), so the optimizer states a server already holds for
+        a member, and those a checkpoint saved there, are where its pack is updated."""
+        groups: Dict[Tuple[int, np.dtype], list] = {}   # (home server, dtype) -> candidates
         for key in keys:
             if key not in self._shapes or key in self._bounds:
                 continue
             shape, dtype = self._shapes[key]
             if np.dtype(dtype).kind == "f":
-                candidates.append((key, self._ids[key], int(np.prod(shape)), tuple(shape)))
-        runs = [r for r in packs.plan(candidates, packs.big_array_bound())
-                if all(np.dtype(self._shapes[m.key][1]) == np.dtype(self._shapes[r[0].key][1])
-                       for m in r)]
-        room = PACK_KEY_END - PACK_KEY_BASE - len(self._packs)
-        if len(runs) > room:
-            log.warning("kvhybrid: no ps-lite key left for %d more packs of small keys: "
-                        "they travel one by one", len(runs) - room)
-            runs = runs[:room]
-        if not runs:
+                kid = self._ids[key]
+                groups.setdefault((kid * 9973 % self.num_servers, np.dtype(dtype)), []).append(
+                    (key, kid, int(np.prod(shape))))
+        new = []
+        for (server, dtype), candidates in groups.items():   # first-seen order: every master's
+            for members in packs.plan(candidates, packs.big_array_bound()):
+                pid = self._pack_id(server)
+                if pid is None:
+                    log.warning("kvhybrid: no ps-lite key left for more packs of small keys on "
+                                "server %d: the rest travel one by one", server)
+                    break
+                new.append(packs.Pack(pid, dtype, members))
+        if not new:
             return
-        new = [packs.Pack(PACK_KEY_BASE + len(self._packs) + i,
-                          np.dtype(self._shapes[r[0].key][1]), r) for i, r in enumerate(runs)]
         with self._waiting(f"the other client groups' masters to pack {len(new)} groups of "
                            "small keys on the parameter servers"):
             # A restarted master finds its packs on the servers, live: it only learns the
@@ -367,6 +374,14 @@ class ServerLink:
         self._packed.update(packs.by_key(new))
         log.debug("packed %d small keys into %d ps-lite keys",
                   sum(len(p.members) for p in new), len(new))
+
+    def _pack_id(self, server: int) -> Optional[int]:
+        """The next free pack key that MXNet places on ``server``, or None."""
+        for pid in range(PACK_KEY_BASE, PACK_KEY_END):
+            if pid * 9973 % self.num_servers == server and pid not in self._claimed:
+                self._claimed.add(pid)
+                return pid
+        return None
 
     def pull_many(self, items: List[Tuple[Key, NDArray]]) -> None:
         """The servers' current values of several keys, into their ``out`` arrays; each

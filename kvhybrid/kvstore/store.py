@@ -532,7 +532,7 @@ class HybridMPIStore(mx.kv.KVStore):
                 for arr in dst:   # nothing the engine runs uses them now
                     if is_host(arr):
                         np.copyto(self._views.get(arr, slot.dtype, slot.count), answer)
-                    else:   # the engine copies it to the device
+                    else:   # to the device: a synchronous copy from host memory
                         arr[:] = answer.reshape(arr.shape)
         return rest
 

@@ -39,7 +39,8 @@ mx.random.seed(7)                       # the same initial weights on every rank
 net = make_sparse_net(args.kind)
 net.initialize(mx.init.Xavier(), ctx=mx.cpu())
 batch = args.per_worker
-trainer, step_arg = make_trainer(net, args.kind, kv, batch)
+trainer, step_arg = make_trainer(net, args.kind, kv, batch,
+                                 fused=bool(os.environ.get("KVHYBRID_TEST_FUSED")))
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 ckpt = os.path.join(args.out, "ckpt")
 
@@ -69,6 +70,8 @@ for step in range(first, args.steps):
     if args.sleep:
         time.sleep(args.sleep)
 
+if kv._servers is not None:   # a master: how many keys travelled packed (packs.py)
+    print(f"rank {rank} packed keys {len(kv._servers._packed)}", flush=True)
 weights = trained_weights(net)   # pulls sparse weights: a call every rank makes
 if rank == 0:
     np.savez(os.path.join(args.out, "final.npz"), **weights)

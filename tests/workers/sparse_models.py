@@ -36,17 +36,23 @@ def make_sparse_net(kind: str = "grad"):
     return BagOfWords(kind)
 
 
-def make_trainer(net, kind: str, kvstore, batch: int, lazy: bool = True):
+def make_trainer(net, kind: str, kvstore, batch: int, lazy: bool = True, fused: bool = False):
     """A Trainer and the step() argument that makes it scale gradients by 1/batch.
 
     With a sparse weight Gluon creates the store at the first forward pass, before step()
     sets rescale_grad, and a dist store refuses a later change: pass it up front, step(1).
-    ``lazy=False``: every row is updated, as when the gradient is densified."""
+    ``lazy=False``: every row is updated, as when the gradient is densified. ``fused``:
+    kvhybrid.DistributedTrainer (one store call per step for the dense keys)."""
     params = dict(OPTIMIZER, lazy_update=lazy)
+    if fused:
+        import kvhybrid
+        make = kvhybrid.DistributedTrainer
+    else:
+        make = gluon.Trainer
     if kind == "weight" and kvstore not in (None, "local"):
         params["rescale_grad"] = 1.0 / batch
-        return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=kvstore), 1
-    return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=kvstore), batch
+        return make(net.collect_params(), "sgd", params, kvstore=kvstore), 1
+    return make(net.collect_params(), "sgd", params, kvstore=kvstore), batch
 
 
 def sparse_batch(step: int, n: int):
