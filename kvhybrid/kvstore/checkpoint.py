@@ -190,11 +190,11 @@ def _keys_on_servers(store) -> List[Key]:
 
 
 def _save_server_values(store, path: str) -> None:
-    out = {str(key): mx.nd.zeros(store._slots[key].shape, mx.cpu(), dtype=store._slots[key].dtype)
-           for key in _keys_on_servers(store)}
-    store._servers.pull_many([(key, out[str(key)]) for key in _keys_on_servers(store)])
-    if out:
-        mx.nd.save(path, out)
+    keys = _keys_on_servers(store)
+    out = [mx.nd.zeros(store._slots[k].shape, mx.cpu(), dtype=store._slots[k].dtype) for k in keys]
+    store._servers.pull_many(list(zip(keys, out)))
+    if keys:
+        mx.nd.save(path, {str(k): v for k, v in zip(keys, out)})
 
 
 def _optimizer_state(trainer, store) -> Dict[str, object]:
@@ -302,8 +302,9 @@ def _restore_servers(store, meta, directory: str, values) -> None:
         return
     servers_file = os.path.join(directory, "servers.params")
     dense = mx.nd.load(servers_file) if os.path.exists(servers_file) else {}
+    keys = _keys_on_servers(store)
     tables = [k for k, s in store._slots.items() if s.rows_on_servers]
-    kids = [kid for k in _keys_on_servers(store) + tables for kid in links.ps_keys(k)]
+    kids = [kid for k in keys + tables for kid in links.ps_keys(k)]
     token = uuid.uuid4().hex[:12]
     if store._updater is not None and links.ps_rank == 0:
         links.command("load", directory, token, kids)
@@ -315,11 +316,11 @@ def _restore_servers(store, meta, directory: str, values) -> None:
     # ps-lite rank 0 pushes each saved value; in sync mode the servers wait for every
     # master's push, so the others push zeros (no rows), which leave the sum as it is
     if first or sync:
-        sent = {str(k): dense[str(k)].asnumpy().reshape(-1) for k in _keys_on_servers(store)}
+        sent = [dense[str(k)].asnumpy().reshape(-1) for k in keys]
         if not first:
-            sent = {k: np.zeros_like(v) for k, v in sent.items()}
-        links.push_pull_views([(k, sent[str(k)], np.empty_like(sent[str(k)]))
-                               for k in _keys_on_servers(store)], new_packs=False)
+            sent = [np.zeros_like(v) for v in sent]
+        links.push_pull_views([(k, v, np.empty_like(v)) for k, v in zip(keys, sent)],
+                              new_packs=False)
     for key in tables:
         slot = store._slots[key]
         ids = np.arange(slot.shape[0], dtype=np.int64)
@@ -328,11 +329,10 @@ def _restore_servers(store, meta, directory: str, values) -> None:
             links.push_rows(key, ids if first else ids[:0], rows if first else rows[:0],
                             slot.shape, slot.dtype)
     links.barrier()
-    got = {str(k): mx.nd.zeros(dense[str(k)].shape, dtype=dense[str(k)].dtype)
-           for k in _keys_on_servers(store)}
-    links.pull_many([(k, got[str(k)]) for k in _keys_on_servers(store)])
-    for key in _keys_on_servers(store):
-        _check_restored(key, got[str(key)].asnumpy(), dense[str(key)].asnumpy())
+    got = [mx.nd.zeros(dense[str(k)].shape, dtype=dense[str(k)].dtype) for k in keys]
+    links.pull_many(list(zip(keys, got)))
+    for key, value in zip(keys, got):
+        _check_restored(key, value.asnumpy(), dense[str(key)].asnumpy())
     for key in tables:
         slot = store._slots[key]
         ids = np.arange(slot.shape[0], dtype=np.int64)

@@ -82,10 +82,10 @@ def scheduler_address() -> str:
 _LINK: Optional["ServerLink"] = None
 
 
-def server_link(watchdog: Watchdog, connect_timeout: float, mode: str,
-                rejoin: bool = False) -> "ServerLink":
+def server_link(watchdog: Watchdog, connect_timeout: float, mode: str, num_servers: int,
+                rejoin: bool = False, pack_keys: bool = True) -> "ServerLink":
     """The process's link (ps-lite starts once per process; every store of the process
-    shares it), now timed by ``watchdog``."""
+    shares it), now timed by ``watchdog`` and packing as the newest store says."""
     global _LINK
     if _LINK is None:
         _LINK = ServerLink(watchdog, connect_timeout, mode, rejoin)
@@ -94,6 +94,7 @@ def server_link(watchdog: Watchdog, connect_timeout: float, mode: str,
         raise KeyValueError(f"this process already talks to the servers in {_LINK.mode} mode: "
                             f"one process cannot mix {_LINK.mode} and {mode} stores")
     _LINK._dog = watchdog
+    _LINK.num_servers, _LINK.pack_keys = num_servers, pack_keys
     return _LINK
 
 
@@ -121,10 +122,10 @@ class ServerLink:
         self._bounds: Dict[Key, np.ndarray] = {}   # row ranges of each table's pieces
         self._probes = 0  # probe keys count down from PROBE_KEY_TOP
         #: small keys travel packed once the servers run kvhybrid's optimizer (packs.py);
-        #: the store turns it off with KVHYBRID_PACK_KEYS=0
+        #: ``server_link`` sets these from the store's config (KVHYBRID_PACK_KEYS)
         self.pack_keys = True
         self.packing = False
-        self.num_servers = int(os.environ.get("DMLC_NUM_SERVER", "1"))
+        self.num_servers = 1
         self._claimed: set = set()   # pack keys handed out
         self._packs: List[packs.Pack] = []
         self._packed: Dict[Key, Tuple[packs.Pack, int]] = {}
@@ -361,13 +362,11 @@ class ServerLink:
             if not self.rejoin:
                 self._kv._barrier()   # every master's earlier pushes have landed
             for pack in new if not self.rejoin else []:
-                for m in pack.members:
-                    self._kv.pull(m.kid, out=self._wire(m.key)[0])
+                for m in pack.members:   # straight into the pack, through a view
+                    self._kv.pull(m.kid, out=pack.array[m.start:m.end].reshape(
+                        self._shapes[m.key][0]))
                     self.requests += 1
-                mx.nd.waitall()
-                for i, m in enumerate(pack.members):
-                    np.copyto(pack.region(i), self._wires[m.key][1])
-                    del self._wires[m.key]
+                pack.array.wait_to_read()
                 self._kv.init(pack.pid, pack.array)
             self._kv.set_optimizer(PackCommand({p.pid: p.layout() for p in new}))
         self._packs += new

@@ -170,8 +170,9 @@ class HybridMPIStore(mx.kv.KVStore):
         ps_rank = 0
         if self.config.num_servers > 0 and self.row_group.rank == 0:
             self._servers = server_link(self.row_group.watchdog, self.config.connect_timeout,
-                                        self.SERVER_MODE, rejoin=self.config.restart > 0)
-            self._servers.pack_keys = self.config.pack_keys
+                                        self.SERVER_MODE, self.config.num_servers,
+                                        rejoin=self.config.restart > 0,
+                                        pack_keys=self.config.pack_keys)
             ps_rank = self._servers.ps_rank
         self._client_rank, self._num_clients = ((0, 1) if host_masters
                                                 else self._agree_on_clients(ps_rank))

@@ -75,11 +75,7 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except OSError:
-        return True
+    return _pid_state(pid) != "Z"  # a zombie has exited
 
 
 #: every watchdog of this process: an outward wait is posted on all their boards, since
