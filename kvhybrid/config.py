@@ -115,6 +115,15 @@ class StoreConfig:
     #: list of keys (kvhybrid.DistributedTrainer makes one per step) sums in a
     #: single allreduce; 0 turns fusion off.
     fusion_threshold: int = 64 * 2**20
+    #: KVHYBRID_ENGINE: sum the dense keys of a pushpull in buckets scheduled by MXNet's
+    #: engine (tensor_collectives/engine.py): each bucket's allreduce starts when
+    #: backward has written it and overlaps the rest of the step. 0: the blocking path
+    #: (sum after the whole backward pass, in the caller's thread).
+    engine: bool = True
+    #: KVHYBRID_BUCKET_BYTES: bytes of one engine bucket (after a first bucket of at most
+    #: 1 MiB, PyTorch DDP's plan): smaller buckets start earlier, larger ones cost fewer
+    #: collectives. Bounded by KVHYBRID_FUSION_THRESHOLD.
+    bucket_bytes: int = 4 * 2**20
     #: KVHYBRID_PACK_KEYS: with several client groups and the optimizer on the servers,
     #: the small dense keys of a multi-key call travel to the servers packed into a few
     #: ps-lite keys (kvstore/packs.py: ps-lite keeps memory for every request for good).
@@ -165,6 +174,9 @@ class StoreConfig:
         "allow_singleton": ("KVHYBRID_ALLOW_SINGLETON", _parse_bool),
         "connect_timeout": ("KVHYBRID_CONNECT_TIMEOUT", _parse_seconds),
         "fusion_threshold": ("KVHYBRID_FUSION_THRESHOLD", _parse_count),
+        "engine": ("KVHYBRID_ENGINE", _parse_bool),
+        "bucket_bytes": ("KVHYBRID_BUCKET_BYTES", _number(
+            int, lambda v: v >= 1, lambda n: f"set it to bytes >= 1, e.g. {n}={4 * 2**20}")),
         "pack_keys": ("KVHYBRID_PACK_KEYS", _parse_bool),
         "allreduce": ("KVHYBRID_ALLREDUCE", _parse_algorithm),
         "emulate_node_size": ("KVHYBRID_EMULATE_NODE_SIZE", _parse_count),

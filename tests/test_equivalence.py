@@ -20,10 +20,13 @@ from mpirun import run_job, run_launcher
 
 STEPS, PER_DEVICE = 4, 3
 # (workers, devices per worker, client groups, servers, trainer); "fused" is
-# kvhybrid.DistributedTrainer, which sends a step's keys in one fused store call
+# kvhybrid.DistributedTrainer, which sends a step's keys in one fused store call. Dense
+# sums take the engine path (overlap.py) by default; "fused-blocking" the blocking one
+# (KVHYBRID_ENGINE=0)
 SHAPES = [(2, 1, 1, 0, "gluon"), (2, 2, 1, 0, "gluon"), (4, 1, 1, 0, "gluon"),
           (4, 2, 1, 0, "gluon"), (4, 1, 2, 2, "gluon"), (4, 2, 4, 2, "gluon"),
-          (4, 1, 1, 1, "gluon"), (3, 2, 1, 0, "fused"), (4, 1, 2, 1, "fused")]
+          (4, 1, 1, 1, "gluon"), (3, 2, 1, 0, "fused"), (3, 2, 1, 0, "fused-blocking"),
+          (4, 1, 2, 1, "fused")]
 # the model's keys are small, so auto sums them with MPI's call: these force the others
 # (hierarchical over two emulated hosts of 2 ranks)
 SHAPES += [(3, 1, 1, 0, "gluon", "ring"), (4, 1, 1, 0, "gluon", "shm"),
@@ -44,8 +47,9 @@ def job(request, tmp_path_factory):
     if servers == 0:
         env = {"KVHYBRID_ALLREDUCE": algorithm,
                "KVHYBRID_EMULATE_NODE_SIZE": "2" if algorithm == "hierarchical" else "0"}
-        if trainer == "fused":
+        if trainer.startswith("fused"):
             env["KVHYBRID_TEST_FUSED"] = "1"
+            env["KVHYBRID_ENGINE"] = "0" if trainer == "fused-blocking" else "1"
         result = run_job(ranks, "train_equivalence.py", args, timeout=300, env=env)
         assert result.returncode == 0, result.output[-4000:]
         if algorithm != "auto":  # the forced algorithm summed every dense key
@@ -54,7 +58,7 @@ def job(request, tmp_path_factory):
             assert len(calls) == 4 * ranks, result.output[-4000:]
             for c in map(eval, calls):
                 assert c[algorithm] > 0 and not any(c[a] for a in others), c
-        if trainer == "fused":   # one fused allreduce per step (and per training) on every rank
+        if trainer.startswith("fused"):   # one fused allreduce per step (and per training) on every rank
             assert result.output.count(f"fused allreduces {STEPS}") == 4 * ranks, result.output
             # without an optimizer on the store, gradients are summed where backward wrote them
             assert result.output.count("update_on_kvstore=False loss") == 2 * ranks

@@ -61,6 +61,28 @@ def make_trainer(system: str, net, lr: float, batch: int):
         kv.num_workers, kv
 
 
+def hidden_fractions(timeline, steps: int) -> list:
+    """Per engine bucket: [name, mean ms from gradient ready to sum done, the mean fraction
+    of that time hidden behind backward]. Backward ends when the step's last bucket is
+    ready (the first layer's gradients are written last)."""
+    ops = list(timeline)
+    per_step = len(ops) // steps if steps else 0
+    if not per_step:
+        return []
+    out = []
+    for b in range(per_step):
+        spans, fractions = [], []
+        for s in range(steps):
+            step = ops[s * per_step:(s + 1) * per_step]
+            backward_end = max(op.ready for op in step)
+            op = step[b]
+            span = op.end - op.ready
+            spans.append(span)
+            fractions.append(min(max(backward_end - op.ready, 0.0), span) / span if span else 1.0)
+        out.append([ops[b].name, float(np.mean(spans)) * 1e3, float(np.mean(fractions))])
+    return out
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     model = MODELS[args.model]
@@ -77,6 +99,9 @@ def main(argv=None) -> None:
         inputs, label = batches[step % len(batches)]
         if step == args.warmup:   # the timed steps' traffic, counted by the kernel
             wire_start = interface_bytes()
+            meetings_start = kv.collectives() if hasattr(kv, "collectives") else {}
+            if getattr(kv, "engine", None) is not None:
+                kv.engine.record = True
         if step >= args.warmup and model.sparse_keys:   # α of each table at this step
             alphas.append([len(np.unique(x)) / rows for x, rows in zip(inputs, model.vocabs)])
         start = time.perf_counter()
@@ -88,6 +113,11 @@ def main(argv=None) -> None:
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     wire_end = interface_bytes()
+    timed = args.steps - args.warmup
+    meetings = ({k: (v - meetings_start[k]) / timed for k, v in kv.collectives().items()}
+                if hasattr(kv, "collectives") else {})
+    hidden = hidden_fractions(kv.engine.timeline, timed) \
+        if getattr(kv, "engine", None) is not None else []
     with open(os.path.join(args.out, f"wire-rank{rank}.json"), "w") as f:
         json.dump({"steps": args.steps - args.warmup,
                    "interfaces": {k: v - wire_start.get(k, 0) for k, v in wire_end.items()}}, f)
@@ -107,6 +137,7 @@ def main(argv=None) -> None:
                                           net.collect_params().items() if "embedding" not in name),
                        "table_bytes": [v * model_zoo.DIM * 4 for v in model.vocabs],
                        "alpha": np.mean(alphas, axis=0).tolist() if alphas else [],
+                       "collectives_per_step": meetings, "hidden": hidden,
                        "key_stats": {str(k): v for k, v in kv.key_stats().items()}
                        if hasattr(kv, "key_stats") else {}}, f)
         print(f"{args.model} on {args.system}: {step * 1e3:.1f} ms per step, "

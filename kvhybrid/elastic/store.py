@@ -40,6 +40,8 @@ class HybridMPIElasticStore(HybridMPIStore):
     """mpi-ESGD; see the module docstring."""
 
     SERVER_MODE = "dist_async"
+    #: each key's update is followed by its exchange with the center (_count_step)
+    ENGINE_PATH = False
 
     def __init__(self, config: Optional[StoreConfig] = None):
         config = config or StoreConfig.from_env()

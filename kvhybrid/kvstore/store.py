@@ -57,7 +57,8 @@ from ..tensor_collectives.ndarray_view import ViewCache, is_host
 from ..tensor_collectives.ops import copy_to_all, reduce_local
 from ..tensor_collectives.rows import local_ids
 from ..tensor_collectives.topology import Topology
-from . import routing, sparse
+from ..tensor_collectives.engine import EngineComm, thread_level_ok
+from . import overlap, routing, sparse
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec, zeros
 from .servers import ServerLink, server_link
@@ -128,6 +129,7 @@ class CheckedCall:
     work: list                          # [(key, value arrays, out arrays or None)]
     signature: str                      # what the ranks agree on
     plan: Optional[tuple] = None        # its fusion buckets (HybridMPIStore._plan_buckets)
+    engine_plan: Optional[tuple] = None  # its engine buckets (overlap.plan)
 
 
 def _keys_text(pairs_) -> str:
@@ -144,6 +146,8 @@ class HybridMPIStore(mx.kv.KVStore):
 
     #: the parameter servers' mode between client groups
     SERVER_MODE = "dist_sync"
+    #: whether a pushpull inside one group may take the engine path (overlap.py)
+    ENGINE_PATH = True
 
     def __init__(self, config: Optional[StoreConfig] = None):
         self.config = config or StoreConfig.from_env()
@@ -178,6 +182,8 @@ class HybridMPIStore(mx.kv.KVStore):
                                                 else self._agree_on_clients(ps_rank))
         #: some table's rows live on the servers (see _servers_in_step)
         self._rows_at_servers = False
+        self._engine = self._start_engine()
+        self._shared_grads = overlap.GradientBuffers()
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
@@ -239,12 +245,68 @@ class HybridMPIStore(mx.kv.KVStore):
                                 "connect to the same scheduler")
         return ps_rank, masters
 
+    def _start_engine(self) -> Optional[EngineComm]:
+        """The communication thread of the engine path (overlap.py), on a communicator of
+        its own; None where the path cannot run (then pushpull blocks, as before)."""
+        if not (self.config.engine and self.ENGINE_PATH) or self._cross:
+            return None
+        if not thread_level_ok(self.group.MPI):
+            if self.group.rank == 0:
+                log.warning("kvhybrid: MPI gives no MPI_THREAD_MULTIPLE, so dense sums cannot "
+                            "overlap backward: build MPI with thread support, or set "
+                            "KVHYBRID_ENGINE=0 to silence this")
+            return None
+        group = Group(self.group.MPI, self.group.comm, self.config, f"{self.group.name}-engine")
+        group.bytes_sent = self.group.bytes_sent   # one tally per process
+        return EngineComm(group)
+
+    @property
+    def engine_bucket_bytes(self) -> int:
+        """The engine path's bucket size (0 when the store blocks instead): fusion off
+        (KVHYBRID_FUSION_THRESHOLD=0) makes every key a bucket of its own."""
+        if self._engine is None:
+            return 0
+        return min(self.config.bucket_bytes, self.config.fusion_threshold) or 1
+
+    @property
+    def engine(self) -> Optional[EngineComm]:
+        """The engine path's communication thread (None when pushpull blocks instead)."""
+        return self._engine
+
+    def collectives(self) -> Dict[str, int]:
+        """Collectives this rank has entered so far: on the group (agreements, rows,
+        broadcasts: the meetings on the caller's thread) and engine buckets."""
+        groups = {self.group, self.row_group}
+        return {"group": sum(g.watchdog.collectives for g in groups),
+                "engine": self._engine.group.watchdog.collectives if self._engine else 0}
+
+    def dense_stats(self) -> Dict[str, object]:
+        """What this rank's dense sums ran, over both paths: fused allreduces (buckets), of
+        those the ones summed where the gradients lie, the ones the engine scheduled, and
+        calls per allreduce algorithm. Waits for the engine's pending sums first."""
+        mx.nd.waitall()
+        groups = [self.group] + ([self._engine.group] if self._engine is not None else [])
+        calls = {name: sum(g.algorithms.calls[name] for g in groups)
+                 for name in self.group.algorithms.calls}
+        return {"fused": sum(g.fused_calls for g in groups),
+                "in_place": sum(g.fused_in_place for g in groups),
+                "engine": self._engine.ops_run if self._engine is not None else 0,
+                "algorithms": calls}
+
+    def share_gradient_buffer(self, base: mx.nd.NDArray, views: List[mx.nd.NDArray]) -> None:
+        """Tell the store that ``views`` (gradients, in order) lie back to back in ``base``:
+        an engine bucket made of exactly them is summed where it lies, with no copy
+        (``kvhybrid.DistributedTrainer`` lays its gradients out so)."""
+        self._shared_grads.share(base, views)
+        self._memo.clear()
+
     @property
     def _servers_in_step(self) -> bool:
         """Whether a step has a rank talk to the servers while the others wait for it (several
         groups, or rows on the servers): the group's agreements then wait without spinning
-        (``wait_patiently``), which leaves the cores to that rank and the servers."""
-        return self._cross or self._rows_at_servers
+        (``wait_patiently``), which leaves the cores to that rank and the servers. So do
+        they on the engine path, where the engine computes while the ranks meet."""
+        return self._cross or self._rows_at_servers or self._engine is not None
 
     def _note_rows_at_servers(self) -> None:
         self._rows_at_servers = any(s.rows_on_servers for s in self._slots.values())
@@ -431,7 +493,8 @@ class HybridMPIStore(mx.kv.KVStore):
         ident = (_call_key(key), _handles(value), _handles(out))
         call = self._memo.get(ident)
         if call is not None:
-            agree(self.group, "pushpull", call.signature, None, f" of key {key!r}")
+            agree(self.group, "pushpull", call.signature, None, f" of key {key!r}",
+                  patient=self._servers_in_step)
             return call
 
         def build():
@@ -472,7 +535,9 @@ class HybridMPIStore(mx.kv.KVStore):
         self._tick(key)
         call = self._checked_call(key, value, out)
         work = call.work
-        if len(work) > 1 and not self._cross and self.config.fusion_threshold:
+        if self._engine is not None:
+            work = self._pushpull_engine(call)
+        elif len(work) > 1 and not self._cross and self.config.fusion_threshold:
             work = self._pushpull_fused(call)
         elif len(work) > 1 and self._cross:
             work = self._pushpull_across_groups(call)
@@ -481,6 +546,18 @@ class HybridMPIStore(mx.kv.KVStore):
             dst = out_k if out_k is not None else value_k
             target = slot.grad_buffer() if self._updater is not None else dst[0]
             copy_to_all(self._sum_and_update(k, slot, value_k, target), dst)
+
+    def _pushpull_engine(self, call: "CheckedCall"):
+        """Push the call's dense sums into MXNet's engine, bucket by bucket (overlap.py);
+        returns at once with the keys left to do one by one (none with elements)."""
+        self._engine.check()
+        if call.engine_plan is None:
+            call.engine_plan = overlap.plan(call.work, self._slots, self.engine_bucket_bytes,
+                                            self._shared_grads)
+        buckets_, rest = call.engine_plan
+        for bucket in buckets_:
+            overlap.run(bucket, self._engine, self._updater)
+        return rest
 
     def _pushpull_fused(self, call: "CheckedCall"):
         """Sum the dense keys of one call in fused buckets; return the keys left to do one
@@ -888,6 +965,13 @@ class HybridMPIStore(mx.kv.KVStore):
                     f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "
                     f"{v['pushes']} pushes, route {v['route']}" for k, v in stats.items()))
             self._servers = None  # the process's server link stays for later stores
+            if self._engine is not None:   # its operations finish before the thread stops
+                with self.group.watchdog.waiting("this rank's engine-scheduled collectives "
+                                                 "to finish", collective=False):
+                    mx.nd.waitall()
+                self._engine.close()
+                self._engine.group.close()
+            self._shared_grads.clear()
             if self.row_group is not self.group:
                 self.row_group.close()
             self.group.close()

@@ -20,13 +20,14 @@ Two more things make the fused step cheap, as PyTorch DDP does:
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
 
 from ..errors import KeyValueError
+from . import overlap
 from .store import HybridMPIStore, TYPE
 
 
@@ -48,27 +49,49 @@ class DistributedTrainer(gluon.Trainer):
         super().__init__(params, optimizer, optimizer_params, kvstore=kvstore, **kwargs)
         self._bucketed = False
 
-    def _grads_into_buckets(self) -> None:
-        """Make each device's dense gradients views into one buffer per dtype, in the
-        order the store sees the keys, so fused buckets lie contiguous in memory."""
-        dense = [p for p in self._params if p.grad_req != "null" and p._stype == "default"
-                 and p._grad_stype == "default" and p._grad is not None and p._grad[0].size]
-        if not dense:
-            return
+    def _dense_order(self) -> List[int]:
+        """The order the store gets the dense keys in: on the engine path last parameter
+        first (the order backward writes gradients), else the parameters' order."""
+        dense = [i for i, p in enumerate(self._params) if p.grad_req != "null"
+                 and p._stype == "default" and p._grad_stype == "default"]
+        return dense[::-1] if self._kvstore.engine_bucket_bytes else dense
+
+    def _layout(self, dense) -> List[List]:
+        """The parameters whose gradients share one buffer: on the engine path one buffer
+        per bucket of the store's plan (the engine sees a buffer as one array, so a bucket
+        is ready when backward has written all of it, and not before the rest), else one
+        per dtype."""
+        bucket_bytes = self._kvstore.engine_bucket_bytes
+        if bucket_bytes:
+            return [[dense[i] for i in idx] for idx in overlap.bucket_indices(
+                [p._grad[0].size * np.dtype(p.dtype).itemsize for p in dense],
+                [np.dtype(p.dtype) for p in dense], bucket_bytes)]
         by_dtype = {}
         for p in dense:
             by_dtype.setdefault(np.dtype(p.dtype), []).append(p)
+        return list(by_dtype.values())
+
+    def _grads_into_buckets(self) -> None:
+        """Make each device's dense gradients views into shared buffers, in the order the
+        store sees the keys, so that buckets lie contiguous in memory and are summed where
+        backward wrote them (PyTorch DDP's gradient-as-bucket-view)."""
+        dense = [self._params[i] for i in self._dense_order()]
+        dense = [p for p in dense if p._grad is not None and p._grad[0].size]
+        if not dense:
+            return
         for d in range(len(dense[0].list_ctx())):
-            for dtype, group in by_dtype.items():
+            for group in self._layout(dense):
                 grads = [p._grad[d] for p in group]
                 total = sum(g.size for g in grads)
-                buf = mx.nd.zeros((total,), ctx=grads[0].context, dtype=dtype)
-                start = 0
+                buf = mx.nd.zeros((total,), ctx=grads[0].context, dtype=grads[0].dtype)
+                start, views = 0, []
                 for p, g in zip(group, grads):
                     view = buf[start:start + g.size].reshape(g.shape)
                     g.copyto(view)
                     p._grad[d] = view
+                    views.append(view)
                     start += g.size
+                self._kvstore.share_gradient_buffer(buf, views)
         for p in dense:
             data = p._check_and_get(p._data, list)
             fresh = [arr._fresh_grad for arr in data]   # marking again clears the flag
@@ -82,17 +105,12 @@ class DistributedTrainer(gluon.Trainer):
         if not self._bucketed:
             self._grads_into_buckets()
             self._bucketed = True
-        keys, grads, outs, sparse = [], [], [], []
-        for i, param in enumerate(self._params):
-            if param.grad_req == "null":
-                continue
-            grad_list = param.list_grad()
-            if grad_list[0].stype != "default":
-                sparse.append((i, param, grad_list))
-                continue
-            keys.append(i)
-            grads.append(grad_list)
-            outs.append(param.list_data())
+        keys = self._dense_order()
+        grads = [self._params[i].list_grad() for i in keys]
+        outs = [self._params[i].list_data() for i in keys]
+        dense = set(keys)
+        sparse = [(i, p, p.list_grad()) for i, p in enumerate(self._params)
+                  if p.grad_req != "null" and i not in dense]
         # dense keys first: their fused call waits for MXNet's engine to go idle, which a
         # row_sparse push to the servers in flight would make it wait for (a whole round)
         if keys and self._update_on_kvstore:

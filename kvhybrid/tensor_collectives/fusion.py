@@ -32,13 +32,17 @@ def on_host(arrays: Sequence[NDArray]) -> bool:
     return all(ndarray_view.is_host(a) for a in arrays)
 
 
-def buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int) -> List[List[int]]:
+def buckets(nbytes: Sequence[int], dtypes: Sequence[np.dtype], threshold: int,
+            first_threshold: Optional[int] = None) -> List[List[int]]:
     """Indices of tensors (given by their bytes and dtypes) grouped into runs of one dtype
-    and at most ``threshold`` bytes (a tensor larger than that is a bucket of its own)."""
+    and at most ``threshold`` bytes (a tensor larger than that is a bucket of its own).
+    ``first_threshold`` bounds the first bucket instead (PyTorch DDP's small first bucket:
+    the first gradients of backward start moving early)."""
     out: List[List[int]] = []
     size, current = 0, None
     for i, (n, dtype) in enumerate(zip(nbytes, dtypes)):
-        if out and dtype == current and size + n <= threshold:
+        limit = first_threshold if len(out) == 1 and first_threshold is not None else threshold
+        if out and dtype == current and size + n <= limit:
             out[-1].append(i)
             size += n
         else:

@@ -172,6 +172,11 @@ class Watchdog:
             if outward:
                 _post_outward(0)
 
+    @property
+    def collectives(self) -> int:
+        """Collective waits this rank has entered on the group (its meetings)."""
+        return self._seq
+
     def close(self) -> None:
         self._stop.set()
         if self._board:

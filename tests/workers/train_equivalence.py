@@ -41,7 +41,8 @@ for combo in combos.split(","):
                        offset=rank * ndev * per_device, total=size * ndev * per_device)
     assert trainer._update_on_kvstore == uok, trainer._update_on_kvstore
     np.savez(os.path.join(out_dir, f"{model}-uok{int(uok)}-rank{rank}.npz"), **weights(net))
+    stats = kv.dense_stats()
     print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f} "
-          f"fused allreduces {kv.group.fused_calls} in place {kv.group.fused_in_place} "
-          f"calls by algorithm {kv.group.algorithms.calls}", flush=True)
+          f"fused allreduces {stats['fused']} in place {stats['in_place']} "
+          f"calls by algorithm {stats['algorithms']}", flush=True)
     kv.close()

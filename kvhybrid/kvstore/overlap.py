@@ -1,0 +1,167 @@
+"""The dense path that overlaps backward: a pushpull's keys summed in engine buckets.
+
+A pushpull hands the store its dense keys while MXNet's engine is still running the
+backward pass (``loss.backward()`` returns at once). Instead of waiting for all of it
+and summing afterwards, the store plans the call's keys into buckets once, in the order
+they come (``kvhybrid.DistributedTrainer`` passes them last layer first, the order
+backward writes them), a small first bucket and then ``KVHYBRID_BUCKET_BYTES`` each,
+as PyTorch DDP's reducer does. Each step, per bucket:
+
+1. the engine copies the bucket's gradients (summed over the worker's devices) into
+   the bucket's own host buffer, as soon as backward has written them; a bucket whose
+   (first device's) gradients already lie in one buffer in that order
+   (``DistributedTrainer`` lays them out so, ``share_gradient_buffer``) is summed where
+   it lies, with no copy;
+2. one engine operation allreduces the buffer (``EngineComm``): it starts when the
+   copies are done and runs on the communication thread while backward goes on;
+3. the optimizer's update (``update_on_kvstore``) or the copy back into the
+   gradients is pushed behind it; the next forward pass waits for it in the engine.
+
+``pushpull`` returns after pushing all of this: nothing on the caller's thread waits for
+communication. Results are the blocking path's: the same sums of the same arrays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import mxnet as mx
+from mxnet.ndarray import NDArray
+
+from ..tensor_collectives.engine import EngineComm
+from ..tensor_collectives.fusion import buckets
+from ..tensor_collectives.ndarray_view import host_view, is_host
+from ..tensor_collectives.ops import allreduce_patiently, copy_to_all
+from .keys import Key, KeySlot
+
+#: the first bucket's bound (PyTorch DDP's ``first_bucket_bytes``)
+FIRST_BUCKET_BYTES = 2**20
+
+
+@dataclass
+class _Item:
+    key: Key
+    value: List[NDArray]            # the key's gradient, one array per device
+    out: Optional[List[NDArray]]    # where the result goes (None: into value)
+    slot: KeySlot
+    total: NDArray                  # the key's part of the bucket buffer, in its shape
+
+
+class EngineBucket:
+    """Keys of one dtype whose sum is one engine-scheduled allreduce."""
+
+    def __init__(self, items: List[_Item], buffer: NDArray, in_place: bool, name: str):
+        self.items, self.buffer, self.in_place, self.name = items, buffer, in_place, name
+        self.dtype = items[0].slot.dtype
+        self.count = sum(it.slot.count for it in items)
+        self.view = host_view(buffer, self.dtype, self.count)   # the memory MPI reduces
+
+
+class GradientBuffers:
+    """Which gradient arrays are views into one buffer (``share_gradient_buffer``): a
+    bucket made of exactly one buffer's views, in order, is summed in place. The engine
+    tracks a buffer and its views as one array, so the bucket's operation names the
+    buffer alone."""
+
+    def __init__(self):
+        self._where: Dict[int, Tuple[NDArray, int, NDArray]] = {}   # handle -> (base, offset, view)
+
+    def share(self, base: NDArray, views: Sequence[NDArray]) -> None:
+        offset = 0
+        for view in views:
+            self._where[view.handle.value] = (base, offset, view)
+            offset += view.size
+        if offset != base.size:
+            raise ValueError(f"the views cover {offset} of the buffer's {base.size} elements")
+
+    def base_of(self, items: List[_Item]) -> Optional[NDArray]:
+        """The buffer the items' gradients lie in back to back, covering it, or None."""
+        base, expect = None, 0
+        for it in items:
+            if it.out is not None:   # the gradients must stay as they are
+                return None
+            where = self._where.get(it.value[0].handle.value)
+            if where is None or (base is not None and where[0] is not base) \
+                    or where[1] != expect:
+                return None
+            base, expect = where[0], expect + it.slot.count
+        return base if base is not None and expect == base.size else None
+
+    def clear(self) -> None:
+        self._where.clear()
+
+
+def bucket_indices(nbytes: Sequence[int], dtypes: Sequence[np.dtype],
+                   bucket_bytes: int) -> List[List[int]]:
+    """The plan's buckets as indices into the call's keys (DistributedTrainer lays its
+    gradient buffers out by the same function)."""
+    return buckets(nbytes, dtypes, bucket_bytes, min(FIRST_BUCKET_BYTES, bucket_bytes))
+
+
+def plan(work, slots: Dict[Key, KeySlot], bucket_bytes: int, shared: GradientBuffers,
+         ) -> Tuple[List[EngineBucket], list]:
+    """(engine buckets, keys left to the caller) for a checked call's ``work``: every key
+    with elements; buckets follow the call's order, one dtype each."""
+    items = [_Item(k, list(v), None if o is None else list(o), slots[k], None)
+             for k, v, o in work if slots[k].count]
+    if not items:
+        return [], work
+    plan_: List[EngineBucket] = []
+    for idx in bucket_indices([it.slot.count * it.slot.dtype.itemsize for it in items],
+                              [it.slot.dtype for it in items], bucket_bytes):
+        members = [items[i] for i in idx]
+        name = f"bucket {len(plan_)} (keys {members[0].key!r}..{members[-1].key!r})"
+        base = shared.base_of(members)
+        if base is not None and is_host(base):
+            buffer, in_place = base, True
+        else:
+            total = sum(it.slot.count for it in members)
+            buffer = mx.nd.zeros((total,), ctx=mx.cpu(), dtype=members[0].slot.dtype)
+            in_place = False
+        start = 0
+        for it in members:
+            it.total = buffer[start:start + it.slot.count].reshape(it.slot.shape)
+            start += it.slot.count
+        plan_.append(EngineBucket(members, buffer, in_place, name))
+    done = {it.key for it in items}
+    return plan_, [w for w in work if w[0] not in done]
+
+
+def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> None:
+    """Push one step of ``bucket``: gather, allreduce, update or copy back (see module)."""
+    for it in bucket.items:   # the sum over this worker's devices, into the bucket
+        arrays = it.value
+        if len(arrays) > 1:   # in place: into the first device's gradient, which is it.total
+            mx.nd.add_n(*[a.as_in_context(it.total.context) for a in arrays], out=it.total)
+        elif not bucket.in_place:
+            arrays[0].copyto(it.total)
+    group, view = comm.group, bucket.view
+
+    def allreduce() -> None:   # on the communication thread: the only one using group.comm
+        with group.watchdog.waiting(lambda: f"the engine allreduce of {bucket.name} "
+                                            f"({view.nbytes / 2**20:.2f} MB) on group "
+                                            f"{group.name} of {group.size} ranks"):
+            if group.size > 1 and group.algorithms.select(view.nbytes) == "mpi":
+                # the thread sleeps while it waits: the cores stay with backward
+                allreduce_patiently(view, group)
+            else:
+                group.algorithms.allreduce(view)
+        group.bytes_sent["dense"] += view.nbytes
+        group.fused_calls += 1
+        group.fused_in_place += bucket.in_place
+
+    comm.submit(bucket.name, [bucket.buffer], allreduce, priority)
+    for it in bucket.items:
+        dst = it.out if it.out is not None else it.value
+        if updater is not None:
+            weight = it.slot.value
+            grad = it.total if it.total.context == weight.context \
+                else it.total.as_in_context(weight.context)
+            updater(it.key, grad, weight)
+            copy_to_all(weight, dst)
+        else:
+            for d, arr in enumerate(dst):
+                if not (bucket.in_place and d == 0):
+                    it.total.copyto(arr)
+

@@ -1,0 +1,218 @@
+"""Collectives scheduled by MXNet's engine, so communication overlaps compute.
+
+``EngineComm.submit(name, arrays, work)`` pushes one asynchronous operation into
+MXNet's dependency engine that *mutates* ``arrays``: the engine starts it once every
+operation already pushed on those arrays (the backward pass writing a bucket of
+gradients) has finished, and holds back every later one (the optimizer's update)
+until it completes. ``submit`` returns at once; Python goes on while the engine
+computes. This is Horovod's and BytePS's MXNet op design (``horovod/mxnet/mpi_ops.cc``):
+
+- the operation has the CPU-prioritized property, so the engine runs it on its
+  priority threads, never on a compute worker; all it does there is hand the
+  operation to this module's communication thread and return;
+- the communication thread runs ``work`` (an MPI collective on host views of the
+  arrays) in *submission order*, waiting for each operation to be started by the
+  engine. Every rank submits the same operations in the same order (the store's
+  bucket plan, agreed once), so MPI sees one fixed order per communicator, as PyTorch
+  DDP's reducer guarantees; the engine may start them in any order;
+- the completion is always called, also when ``work`` fails (the error is kept and
+  raised on the caller's thread by ``check()``), else ``waitall`` would hang;
+- the arrays are referenced until completion; no deleter is handed to MXNet (a
+  Python deleter pending at interpreter exit aborts the process).
+
+The thread runs collectives on a communicator of its own (``Group`` duplicates it),
+next to the caller's thread using the group's: MPI must provide
+``MPI_THREAD_MULTIPLE`` (``thread_level_ok``), else the store keeps the blocking path.
+Every wait of the thread is timed by that group's watchdog.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Deque, Dict, Optional, Sequence
+
+from mxnet.base import _LIB, check_call
+from mxnet.ndarray import NDArray
+
+from ..errors import KVHybridError
+
+log = logging.getLogger("kvhybrid")
+
+#: ``mxnet::FnProperty::kCPUPrioritized`` (include/mxnet/engine.h)
+CPU_PRIORITIZED = 3
+#: ``mxnet::Context::kCPU``
+_CPU = 1
+#: operation timings kept when recording
+TIMELINE = 10_000
+
+_ASYNC_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_COMPLETE_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class _Context(ctypes.Structure):
+    """``mxnet::Context``: where the operation runs (the host; the arrays may be anywhere
+    the caller staged them from)."""
+    _fields_ = [("dev_type", ctypes.c_int), ("dev_id", ctypes.c_int)]
+
+
+class _OnComplete(ctypes.Structure):
+    """``mxnet::engine::CallbackOnComplete`` (include/mxnet/engine.h): the engine hands a
+    pointer to one living on its stack, so the three fields are copied out."""
+    _fields_ = [("callback", ctypes.c_void_p), ("engine", ctypes.c_void_p),
+                ("param", ctypes.c_void_p)]
+
+
+def thread_level_ok(MPI) -> bool:
+    """Whether two threads may call MPI at once (the caller's and the communication thread)."""
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+class _Op:
+    __slots__ = ("ident", "name", "arrays", "work", "started", "done", "ready_at")
+
+    def __init__(self, ident: int, name: str, arrays: Sequence[NDArray],
+                 work: Callable[[], None]):
+        self.ident, self.name, self.arrays, self.work = ident, name, list(arrays), work
+        self.started = threading.Event()
+        self.done: Optional[_OnComplete] = None
+        self.ready_at = 0.0
+
+
+@dataclass(frozen=True)
+class OpTiming:
+    """When one operation's inputs were ready (the engine started it), and when its
+    collective began and ended (``time.perf_counter`` seconds)."""
+    name: str
+    ready: float
+    begin: float
+    end: float
+
+
+#: every live EngineComm by id: the engine's callback finds its op through it
+_COMMS: Dict[int, "EngineComm"] = {}
+
+
+@_ASYNC_FUNC
+def _engine_started(rctx, on_complete, param) -> None:
+    """Called by an engine priority thread when an op's inputs are ready."""
+    comm_id, ident = divmod(int(param or 0), 1 << 40)
+    comm = _COMMS.get(comm_id)
+    op = comm._ops.get(ident) if comm is not None else None
+    src = _OnComplete.from_address(on_complete)
+    done = _OnComplete(src.callback, src.engine, src.param)
+    if op is None:   # cannot happen while the comm lives; never leave the engine waiting
+        _COMPLETE_FUNC(done.callback)(done.engine, done.param, None)
+        return
+    op.done = done
+    op.ready_at = time.perf_counter()
+    op.started.set()
+
+
+def _complete(done: _OnComplete) -> None:
+    _COMPLETE_FUNC(done.callback)(done.engine, done.param, None)
+
+
+class EngineComm:
+    """Runs collectives of one group (``group``: its own communicator and watchdog) as
+    MXNet engine operations, in submission order, on one communication thread."""
+
+    _next_id = 1
+
+    def __init__(self, group):
+        self.group = group
+        self.ident = EngineComm._next_id
+        EngineComm._next_id += 1
+        self._ops: Dict[int, _Op] = {}
+        self._queue: Deque[_Op] = collections.deque()
+        self._cv = threading.Condition()
+        self._count = 0
+        self._closing = False
+        self.error: Optional[str] = None
+        #: operations run, for tests and benchmarks
+        self.ops_run = 0
+        #: the last TIMELINE operations' timings, when ``record`` is on (benchmarks)
+        self.record = False
+        self.timeline: Deque[OpTiming] = collections.deque(maxlen=TIMELINE)
+        self._ctx = _Context(_CPU, 0)
+        self._prop = ctypes.c_int(CPU_PRIORITIZED)
+        _COMMS[self.ident] = self
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"kvhybrid-comm-{group.name}")
+        self._thread.start()
+
+    def submit(self, name: str, arrays: Sequence[NDArray], work: Callable[[], None],
+               priority: int = 0) -> None:
+        """Queue ``work`` as an engine operation that mutates ``arrays`` (NDArrays with
+        distinct memory: the engine would wait on an array listed twice forever)."""
+        self.check()
+        if self._closing:
+            raise KVHybridError(f"the communication thread of group {self.group.name} is "
+                                "closed: create a new store")
+        self._count += 1
+        op = _Op(self._count, name, arrays, work)
+        with self._cv:
+            self._ops[op.ident] = op
+            self._queue.append(op)
+            self._cv.notify()
+        handles = (ctypes.c_void_p * len(op.arrays))(*[a.handle.value for a in op.arrays])
+        check_call(_LIB.MXEnginePushAsyncND(
+            _engine_started, ctypes.c_void_p((self.ident << 40) + op.ident), None,
+            ctypes.byref(self._ctx), None, 0, handles, len(op.arrays),
+            ctypes.byref(self._prop), priority, ctypes.c_char_p(b"kvhybrid_" + name.encode()[:64]),
+            False))
+
+    def check(self) -> None:
+        """Raise, on the caller's thread, an error a collective of this group hit."""
+        if self.error is not None:
+            raise KVHybridError(self.error)
+
+    @property
+    def pending(self) -> int:
+        return len(self._ops)
+
+    def _loop(self) -> None:
+        dog = self.group.watchdog
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                op = self._queue.popleft()
+            try:
+                with dog.waiting(lambda: f"MXNet's engine to compute the inputs of {op.name}",
+                                 collective=False):
+                    op.started.wait()
+                if self.error is None:   # after a failure the rest only completes
+                    begin = time.perf_counter()
+                    op.work()
+                    self.ops_run += 1
+                    if self.record:
+                        self.timeline.append(OpTiming(op.name, op.ready_at, begin,
+                                                      time.perf_counter()))
+            except BaseException as exc:   # noqa: B902 (kept and raised on the caller's thread)
+                self.error = (f"the engine-scheduled collective {op.name} on group "
+                              f"{self.group.name} failed: {type(exc).__name__}: {exc}")
+                log.error("kvhybrid: %s", self.error)
+            finally:
+                op.started.wait()
+                del self._ops[op.ident]
+                op.arrays = []
+                _complete(op.done)
+
+    def close(self) -> None:
+        """Let queued operations finish (the caller waited for the engine first), then
+        stop the thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if self._ops:
+            log.warning("kvhybrid: closing group %s with %d engine operations pending",
+                        self.group.name, len(self._ops))
+        else:
+            self._thread.join(timeout=5)
+            _COMMS.pop(self.ident, None)
