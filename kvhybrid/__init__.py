@@ -12,9 +12,10 @@ if _os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
     from .config import StoreConfig
     from .errors import ConfigError, KeyValueError, KVHybridError, NotInMPIJobError
     from .kvstore import (DistributedTrainer, HybridMPIStore, broadcast_parameters,
-                          load_checkpoint, register as _register, save_checkpoint)
+                          load_checkpoint, prefetch, register as _register, save_checkpoint)
 
-    __all__ = ["HybridMPIStore", "DistributedTrainer", "broadcast_parameters", "save_checkpoint",
+    __all__ = ["HybridMPIStore", "DistributedTrainer", "broadcast_parameters", "prefetch",
+               "save_checkpoint",
                "load_checkpoint", "StoreConfig", "KVHybridError", "KeyValueError",
                "NotInMPIJobError", "ConfigError", "__version__"]
 

@@ -18,6 +18,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
 
+import kvhybrid
 from . import model_zoo
 from .model_zoo import MODELS
 from .wire import interface_bytes
@@ -108,6 +109,9 @@ def main(argv=None) -> None:
         with autograd.record():
             loss = loss_fn(net(*[mx.nd.array(x) for x in inputs]), mx.nd.array(label))
         loss.backward()
+        if args.system == "hybrid" and model.sparse_keys:   # the next batch's rows, ahead
+            following = batches[(step + 1) % len(batches)][0]
+            kvhybrid.prefetch(trainer, {t.weight: ids for t, ids in zip(net.tables, following)})
         trainer.step(1)
         mx.nd.waitall()
         if step >= args.warmup:

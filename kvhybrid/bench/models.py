@@ -47,12 +47,17 @@ from .wire import describe, per_host, table3
 
 log = logging.getLogger("kvhybrid.bench")
 
+#: settings a system runs with (the blocking path: dense sums after backward, issue 16's
+#: "before")
+SYSTEM_ENV = {"kvhybrid blocking": {"KVHYBRID_ENGINE": "0"}}
+
 #: name -> (worker system, launcher shape, tables forced to allreduce)
 SYSTEMS = {
     "kvhybrid": ("hybrid", "group+servers", False),
     "kvhybrid host-masters": ("hybrid", "host-masters", False),
     "kvhybrid all-AR": ("hybrid", "group", True),
     "kvhybrid all-PS": ("hybrid", "per-worker+servers", False),
+    "kvhybrid blocking": ("hybrid", "group+servers", False),
     "dist_sync": ("dist_sync", "per-worker+servers", False),
     "Horovod": ("horovod", "group", False),
 }
@@ -78,6 +83,7 @@ def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
            "--batch-size", str(args.batch_size), "--tokens", str(tokens)]
     env = dict(os.environ)
     env.pop("KVHYBRID_ROUTES", None)
+    env.update(SYSTEM_ENV.get(name, {}))
     if all_ar and MODELS[model].sparse_keys:   # a fresh process names its tables 0, 1, ...
         tables = 2 if model == "nmt" else 1
         env["KVHYBRID_ROUTES"] = ",".join(f"sparseembedding{k}_weight=dense" for k in range(tables))
@@ -167,7 +173,8 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int]):
     args = argparse.Namespace(**vars(args))
     args.hosts, args.rate = hosts, rate
     args.servers = args.servers_wanted or hosts or 1
-    systems = args.systems or [n for n in SYSTEMS if hosts or n != "kvhybrid host-masters"]
+    systems = args.systems or [n for n in SYSTEMS if (hosts or n != "kvhybrid host-masters")
+                               and n not in SYSTEM_ENV]
     with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
             contextlib.ExitStack() as stack:
         args.launcher_args = []

@@ -5,8 +5,8 @@ if _os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):   # see kvhybrid
     from .store import NAME, TYPE, HybridMPIAsyncStore, HybridMPIStore
     from .registry import register
     from .parameters import broadcast_parameters
-    from .trainer import DistributedTrainer
+    from .trainer import DistributedTrainer, prefetch
     from .checkpoint import load_checkpoint, save_checkpoint
 
     __all__ = ["HybridMPIStore", "DistributedTrainer", "HybridMPIAsyncStore", "NAME", "TYPE",
-               "register", "broadcast_parameters", "save_checkpoint", "load_checkpoint"]
+               "register", "broadcast_parameters", "prefetch", "save_checkpoint", "load_checkpoint"]

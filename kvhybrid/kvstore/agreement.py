@@ -22,7 +22,8 @@ from ..tensor_collectives.ops import wait_patiently
 _MASK = (1 << 62) - 1
 
 
-def _digest(signature) -> int:
+def digest(signature) -> int:
+    """A 62-bit hash of a call's signature: what ranks compare."""
     return int.from_bytes(hashlib.blake2b(repr(signature).encode(), digest_size=8).digest(),
                           "little") & _MASK
 
@@ -37,7 +38,7 @@ def agree(group: Group, what: str, signature, local_error: Optional[str], about:
     round trips to the parameter servers.
     """
     MPI = group.MPI
-    sig = _digest(signature) if local_error is None else 0
+    sig = digest(signature) if local_error is None else 0
     flags = np.array([sig, -sig, 1 if local_error else 0], dtype=np.int64)
     with group.watchdog.waiting(lambda: f"the ranks to agree on {what}{about}"):
         if patient:

@@ -99,6 +99,7 @@ def load_checkpoint(trainer: mx.gluon.Trainer, directory: str) -> Dict[str, obje
         return meta, f"load_checkpoint of {directory!r}, token {meta['token']}"
 
     meta = store._check("load_checkpoint", build, f" from {directory!r}")
+    store._prefetched.clear()   # rows fetched before the servers' values are replaced
     client = store._client_rank if meta["groups_differ"] else 0
     values = mx.nd.load(os.path.join(directory, f"weights-{client}.params"))
     with open(os.path.join(directory, f"optimizer-{client}.states"), "rb") as f:

@@ -32,7 +32,9 @@ from mxnet.ndarray import NDArray
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
-from ..tensor_collectives.ops import allreduce_patiently, copy_to_all
+from ..errors import KeyValueError
+from ..tensor_collectives.ops import allreduce_patiently, copy_to_all, wait_patiently
+from .agreement import digest
 from .keys import Key, KeySlot
 
 #: the first bucket's bound (PyTorch DDP's ``first_bucket_bytes``)
@@ -126,6 +128,26 @@ def plan(work, slots: Dict[Key, KeySlot], bucket_bytes: int, shared: GradientBuf
         plan_.append(EngineBucket(members, buffer, in_place, name))
     done = {it.key for it in items}
     return plan_, [w for w in work if w[0] not in done]
+
+
+def check_signature(comm: EngineComm, signature: str, what: str) -> None:
+    """The agreement of a repeated call, on the communication thread before the call's
+    buckets: one small allreduce there instead of a meeting on the caller's thread. If the
+    ranks' calls differ, the thread stops running collectives (so none is mismatched) and
+    the next call of the store raises, on every rank."""
+    group, sig = comm.group, digest(signature)
+
+    def check() -> None:
+        MPI = group.MPI
+        flags = np.array([sig, -sig], dtype=np.int64)
+        with group.watchdog.waiting(lambda: f"the ranks to agree on {what}"):
+            wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+        if flags[0] != -flags[1]:
+            raise KeyValueError(f"{what} differs between ranks (this rank called {signature}). "
+                                "Every rank must make the same calls, in the same order, with "
+                                "the same arguments")
+
+    comm.enqueue(f"the agreement on {what}", check)
 
 
 def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> None:

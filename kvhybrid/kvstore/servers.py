@@ -231,10 +231,19 @@ class ServerLink:
     def pull_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> np.ndarray:
         """The servers' current rows ``ids`` (sorted, unique, non-empty) of ``key``: only the
         pieces that hold some of them are asked."""
-        index, bounds = self._ids[key], self._bounds[key]
-        outs = []
         with self._waiting(lambda: f"the parameter servers to return {len(ids)} rows of key "
                                    f"{key!r} (scheduler at {scheduler_address()})"):
+            return self.start_pull_rows(key, ids, shape, dtype)()
+
+    def start_pull_rows(self, key: Key, ids: np.ndarray, shape, dtype):
+        """Ask for rows as ``pull_rows`` does, without waiting: returns the function that
+        waits for them (it may run on another thread; its caller guards the wait). ps-lite
+        sends this master's requests in order, so a pull started after a push of the same
+        key gets the rows that push updated."""
+        index, bounds = self._ids[key], self._bounds[key]
+        outs = []
+        with self._waiting(lambda: f"the parameter servers to take a pull of key {key!r} "
+                                   f"(scheduler at {scheduler_address()})"):
             for i, first, part in self._pieces(key, ids):
                 if part.start == part.stop:
                     continue
@@ -244,8 +253,11 @@ class ServerLink:
                                          row_ids=mx.nd.array(ids[part] - first, dtype="int64"))
                 self.requests += 1
                 outs.append(out)
+
+        def rows() -> np.ndarray:
             parts = [o.data.asnumpy() for o in outs]
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+            return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return rows
 
     def init(self, key: Key, value: NDArray, out: NDArray) -> None:
         """Register ``key`` on the servers (ps-lite rank 0's value wins); pull it into ``out``."""

@@ -25,6 +25,7 @@ Where the rows live:
 """
 from __future__ import annotations
 
+import threading
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
+from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.rows import (allreduce_rows, gather_ids, gather_rows, local_rows,
                                        scatter_rows, sum_rows)
 from .keys import Key, KeySlot
@@ -80,6 +82,75 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.
     ids, rows = sum_rows(ids, rows)
     group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
     servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
+
+
+class Prefetch:
+    """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: filled
+    by the communication thread, read by the caller's thread once ``ready`` is set."""
+
+    def __init__(self, key: Key, ids: np.ndarray):
+        self.key, self.ids = key, ids          # this rank's sorted unique ids
+        self.rows: Optional[np.ndarray] = None
+        self.ready = threading.Event()
+
+
+def push_and_prefetch(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
+                      next_ids: np.ndarray, group: Group, servers: Optional[ServerLink],
+                      comm: EngineComm) -> Prefetch:
+    """``push_to_servers`` and the pull of the next step's rows in one meeting: every rank's
+    rows and next ids go to the master in one gather; the master pushes the sum and at once
+    asks the servers for the union of the next ids (ps-lite sends them after the push, so
+    they come back updated); the communication thread waits for them and hands each rank
+    its own (``comm``'s group), while the caller's thread goes on."""
+    ids, rows = local_rows(arrays, ids)
+    with group.watchdog.waiting(lambda: f"the rows of key {key!r} and the next step's row ids "
+                                        f"on group {group.name}"):
+        gathered = group.comm.gather((ids, rows, next_ids), root=0)
+    group.bytes_sent["rows"] += ids.nbytes + rows.nbytes + next_ids.nbytes
+    prefetch = Prefetch(key, next_ids)
+    union = wanted = fetch = None
+    if group.rank == 0:
+        all_ids = np.concatenate([g[0] for g in gathered])
+        all_rows = np.concatenate([g[1] for g in gathered])
+        wanted = [g[2] for g in gathered]
+        union = np.unique(np.concatenate(wanted))
+        if servers is not None:
+            summed_ids, summed = sum_rows(all_ids, all_rows)
+            group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
+            servers.push_rows(key, summed_ids, summed, slot.shape, slot.dtype)
+            if len(union):
+                fetch = servers.start_pull_rows(key, union, slot.shape, slot.dtype)
+    row_shape, dtype = slot.shape[1:], slot.dtype
+    engine_group = comm.group
+
+    def hand_out() -> None:   # on the communication thread, every rank of the group
+        parts = None
+        if engine_group.rank == 0:
+            with engine_group.watchdog.waiting(
+                    lambda: f"the parameter servers to return {len(union)} prefetched rows of "
+                            f"key {key!r}", collective=False, outward=True):
+                table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
+            parts = [table[np.searchsorted(union, w)] for w in wanted]
+        prefetch.rows = scatter_rows(parts, row_shape, dtype, len(next_ids), engine_group,
+                                     name=f"key {key!r} (prefetched)")
+        prefetch.ready.set()
+
+    comm.enqueue(f"the prefetched rows of key {key!r}", hand_out)
+    return prefetch
+
+
+def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],
+                       slot: KeySlot) -> None:
+    """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which
+    the prefetch must hold: ``check_prefetched``)."""
+    for o, i in zip(outs, ids):
+        part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
+        row_sparse(part, i, slot.shape, o.context, slot.dtype).copyto(o)
+
+
+def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
+    """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
+    return all(not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
 
 
 # -- pull --------------------------------------------------------------------------------

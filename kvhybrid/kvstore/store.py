@@ -54,7 +54,7 @@ from ..tensor_collectives import Group, allreduce_array, broadcast_array
 from ..tensor_collectives.ops import broadcast_view
 from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
 from ..tensor_collectives.ndarray_view import ViewCache, is_host
-from ..tensor_collectives.ops import copy_to_all, reduce_local
+from ..tensor_collectives.ops import copy_to_all, reduce_local, wait_patiently
 from ..tensor_collectives.rows import local_ids
 from ..tensor_collectives.topology import Topology
 from ..tensor_collectives.engine import EngineComm, thread_level_ok
@@ -183,7 +183,12 @@ class HybridMPIStore(mx.kv.KVStore):
         #: some table's rows live on the servers (see _servers_in_step)
         self._rows_at_servers = False
         self._engine = self._start_engine()
+        #: dense pushpulls take the engine path (with several groups they go through the
+        #: servers, blocking; the engine thread then serves prefetched rows only)
+        self._dense_on_engine = self._engine is not None and not self._cross
         self._shared_grads = overlap.GradientBuffers()
+        self._prefetch_ids: Dict[Key, np.ndarray] = {}         # asked for, sent with the next push
+        self._prefetched: Dict[Key, sparse.Prefetch] = {}      # on their way, for the next pull
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
@@ -246,9 +251,10 @@ class HybridMPIStore(mx.kv.KVStore):
         return ps_rank, masters
 
     def _start_engine(self) -> Optional[EngineComm]:
-        """The communication thread of the engine path (overlap.py), on a communicator of
-        its own; None where the path cannot run (then pushpull blocks, as before)."""
-        if not (self.config.engine and self.ENGINE_PATH) or self._cross:
+        """The communication thread of the engine path (overlap.py, prefetched rows), on a
+        communicator of its own; None where the path cannot run (then pushpull blocks, as
+        before)."""
+        if not (self.config.engine and self.ENGINE_PATH):
             return None
         if not thread_level_ok(self.group.MPI):
             if self.group.rank == 0:
@@ -264,7 +270,7 @@ class HybridMPIStore(mx.kv.KVStore):
     def engine_bucket_bytes(self) -> int:
         """The engine path's bucket size (0 when the store blocks instead): fusion off
         (KVHYBRID_FUSION_THRESHOLD=0) makes every key a bucket of its own."""
-        if self._engine is None:
+        if not self._dense_on_engine:
             return 0
         return min(self.config.bucket_bytes, self.config.fusion_threshold) or 1
 
@@ -306,7 +312,7 @@ class HybridMPIStore(mx.kv.KVStore):
         groups, or rows on the servers): the group's agreements then wait without spinning
         (``wait_patiently``), which leaves the cores to that rank and the servers. So do
         they on the engine path, where the engine computes while the ranks meet."""
-        return self._cross or self._rows_at_servers or self._engine is not None
+        return self._cross or self._rows_at_servers or self._dense_on_engine
 
     def _note_rows_at_servers(self) -> None:
         self._rows_at_servers = any(s.rows_on_servers for s in self._slots.values())
@@ -347,6 +353,8 @@ class HybridMPIStore(mx.kv.KVStore):
         if self._closed:
             raise KVHybridError("this hybrid-mpi store was closed: create a new one with "
                                 "mx.kv.create('hybrid-mpi')")
+        if self._engine is not None:   # a collective of the engine thread failed
+            self._engine.check()
 
     # -- init and broadcast --------------------------------------------------------------------
     @_unrecorded
@@ -475,7 +483,8 @@ class HybridMPIStore(mx.kv.KVStore):
             stype = v[0].stype
             # host or accelerator decides fusion: part of what ranks must agree on
             where = "host" if on_host(v) and (o is None or on_host(o)) else "device"
-            signature.append(f"key {k!r} {slot.spec} {stype} {where}")
+            asks = " prefetch" if op == "push" and k in self._prefetch_ids else ""
+            signature.append(f"key {k!r} {slot.spec} {stype} {where}{asks}")
             self._check_route(k, slot, stype)
             if o is not None:
                 check_out(k, v, o)
@@ -493,8 +502,11 @@ class HybridMPIStore(mx.kv.KVStore):
         ident = (_call_key(key), _handles(value), _handles(out))
         call = self._memo.get(ident)
         if call is not None:
-            agree(self.group, "pushpull", call.signature, None, f" of key {key!r}",
-                  patient=self._servers_in_step)
+            if self._dense_on_engine:   # off the caller's thread, before the call's buckets
+                overlap.check_signature(self._engine, call.signature, f"pushpull of key {key!r}")
+            else:
+                agree(self.group, "pushpull", call.signature, None, f" of key {key!r}",
+                      patient=self._servers_in_step)
             return call
 
         def build():
@@ -535,7 +547,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._tick(key)
         call = self._checked_call(key, value, out)
         work = call.work
-        if self._engine is not None:
+        if self._dense_on_engine:
             work = self._pushpull_engine(call)
         elif len(work) > 1 and not self._cross and self.config.fusion_threshold:
             work = self._pushpull_fused(call)
@@ -650,6 +662,7 @@ class HybridMPIStore(mx.kv.KVStore):
             self._sum_and_update(k, slot, value_k, target)
 
     def _push_rows(self, key: Key, slot: KeySlot, arrays) -> None:
+        self._prefetched.pop(key, None)   # this push updates the rows it holds
         ids = local_ids(arrays)   # read once: for α and for the push
         sparse.count_rows(slot, ids)
         if slot.route is None:
@@ -667,8 +680,13 @@ class HybridMPIStore(mx.kv.KVStore):
             slot.rows_on_servers = True
             self._note_rows_at_servers()
             self._memo.clear()   # checked pushpull calls of this key no longer hold
-        if slot.rows_on_servers:
+        if slot.rows_on_servers and key in self._prefetch_ids:
+            self._prefetched[key] = sparse.push_and_prefetch(
+                key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group,
+                self._servers, self._engine)
+        elif slot.rows_on_servers:
             sparse.push_to_servers(key, slot, arrays, ids, self.row_group, self._servers)
+            self._prefetch_ids.pop(key, None)
         else:
             sparse.push_in_group(key, slot, arrays, ids, self.group, self._updater)
 
@@ -827,6 +845,13 @@ class HybridMPIStore(mx.kv.KVStore):
                 work.append((k, slot, o, sparse.checked_row_ids(k, slot, o, ids)))
             return work, f"row_sparse_pull {_keys_text(outs)}"
 
+        if not isinstance(key, (list, tuple)) and key in self._prefetched:
+            work = self._prefetch_covers(key, build)   # one small meeting instead of three
+            if work is not None:
+                for k, slot, outs, ids in work:
+                    self._rows_from_prefetch(self._prefetched[k], slot, outs, ids)
+                return
+            del self._prefetched[key]   # not the ids prefetched (on some rank): the plain pull
         if not self.config.num_servers:  # every rank holds every row: nothing to agree on
             try:
                 work = build()[0]
@@ -840,6 +865,61 @@ class HybridMPIStore(mx.kv.KVStore):
                                               self._servers)
             else:
                 sparse.pull_rows_local(slot, outs, ids)
+
+    def _prefetch_covers(self, key, build) -> Optional[list]:
+        """The pull's checked work if every rank's prefetched rows hold what it asks for
+        and its arguments are fine, else None (then the plain pull, whose agreement raises
+        the same error on every rank for bad arguments). One small allreduce decides."""
+        prefetch = self._prefetched[key]
+        try:
+            work = build()[0]
+            covered = all(sparse.prefetch_holds(prefetch, ids) for *_, ids in work)
+        except KeyValueError:
+            work, covered = None, False
+        flags = np.array([0 if covered else 1], dtype=np.int64)
+        MPI = self.group.MPI
+        with self.group.watchdog.waiting(lambda: f"the ranks to agree on using the prefetched "
+                                                 f"rows of key {key!r}"):
+            wait_patiently(self.group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+        return work if flags[0] == 0 else None
+
+    def prefetch_rows(self, key, row_ids) -> None:
+        """Hand over the row ids the next forward pass will pull of ``key`` (the next batch's
+        word ids, on every rank): the next push of the key sends them along, and its rows
+        come back from the servers while the step goes on, so that the next
+        ``row_sparse_pull`` of ``key`` meets the other ranks once (a small allreduce: did
+        every rank get the rows it asks for?) instead of three times, and waits for no
+        round trip. Values are those of the plain pull: the rows are asked for after that
+        push. A pull of other rows (an evaluation batch) takes the plain path. Only sparse weights
+        on the servers take it (their pulls go through the master); for any other key (a
+        table held by every rank, a dense weight, a key not initialised yet, which Gluon
+        does at the first step) and a store without the engine path it does nothing."""
+        self._open()
+        slot = self._slots.get(key)
+        if not (slot is not None and slot.sparse_weight and slot.rows_on_servers
+                and self._engine is not None and self.row_group is self.group):
+            return
+        arrays = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids]
+        parts = []
+        for ids in arrays:
+            if isinstance(ids, mx.nd.NDArray):
+                ids = ids.asnumpy()
+            parts.append(np.asarray(ids).astype(np.int64).reshape(-1))
+        unique = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        if len(unique) and (unique[0] < 0 or unique[-1] >= slot.shape[0]):
+            bad = unique[0] if unique[0] < 0 else unique[-1]
+            raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, outside "
+                                f"the table's {slot.shape[0]} rows: pass ids in "
+                                f"[0, {slot.shape[0]})")
+        self._prefetch_ids[key] = unique
+
+    def _rows_from_prefetch(self, prefetch: "sparse.Prefetch", slot: KeySlot, outs, ids) -> None:
+        with self.group.watchdog.waiting(lambda: f"the prefetched rows of key {prefetch.key!r}",
+                                         collective=False):
+            while not prefetch.ready.wait(0.05):
+                self._engine.check()   # its thread failed: the rows will not come
+        self._engine.check()
+        sparse.rows_from_prefetch(prefetch, outs, ids, slot)
 
     def _sum_and_update(self, key: Key, slot: KeySlot, arrays: List[mx.nd.NDArray],
                         target: mx.nd.NDArray) -> mx.nd.NDArray:
@@ -972,6 +1052,8 @@ class HybridMPIStore(mx.kv.KVStore):
                 self._engine.close()
                 self._engine.group.close()
             self._shared_grads.clear()
+            self._prefetch_ids.clear()
+            self._prefetched.clear()
             if self.row_group is not self.group:
                 self.row_group.close()
             self.group.close()

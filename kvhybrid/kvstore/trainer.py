@@ -20,7 +20,7 @@ Two more things make the fused step cheap, as PyTorch DDP does:
 """
 from __future__ import annotations
 
-from typing import List, Optional, Union
+from typing import List, Mapping, Optional, Union
 
 import numpy as np
 import mxnet as mx
@@ -29,6 +29,24 @@ from mxnet import autograd, gluon
 from ..errors import KeyValueError
 from . import overlap
 from .store import HybridMPIStore, TYPE
+
+
+def prefetch(trainer: gluon.Trainer, rows: Mapping[gluon.Parameter, object]) -> None:
+    """Hand a hybrid-mpi store the row ids the next forward pass reads of each sparse table
+    (``{embedding.weight: next_batch_ids}``; NDArrays or numpy, on every rank, before
+    ``trainer.step``): their rows are fetched while this step finishes, and the next
+    forward pass takes them without meeting the other ranks. A no-op for other stores
+    and for tables whose rows do not live on parameter servers."""
+    if not trainer._kv_initialized:   # nothing held yet (the first step creates the store,
+        return                         # and must: it sets the optimizer's rescale_grad)
+    store = trainer._kvstore
+    if not isinstance(store, HybridMPIStore):
+        return
+    for param, ids in rows.items():
+        if param.name not in trainer._param2idx:
+            raise KeyValueError(f"prefetch got Parameter {param.name!r}, which this Trainer "
+                                "does not train: pass the tables it was given")
+        store.prefetch_rows(trainer._param2idx[param.name], ids)
 
 
 class DistributedTrainer(gluon.Trainer):
@@ -48,6 +66,10 @@ class DistributedTrainer(gluon.Trainer):
             kwargs["update_on_kvstore"] = False
         super().__init__(params, optimizer, optimizer_params, kvstore=kvstore, **kwargs)
         self._bucketed = False
+
+    def prefetch(self, rows: Mapping[gluon.Parameter, object]) -> None:
+        """``kvhybrid.prefetch(self, rows)``: hand over the next batch's row ids."""
+        prefetch(self, rows)
 
     def _dense_order(self) -> List[int]:
         """The order the store gets the dense keys in: on the engine path last parameter

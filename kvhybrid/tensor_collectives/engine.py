@@ -165,6 +165,19 @@ class EngineComm:
             ctypes.byref(self._prop), priority, ctypes.c_char_p(b"kvhybrid_" + name.encode()[:64]),
             False))
 
+    def enqueue(self, name: str, work: Callable[[], None]) -> None:
+        """Queue ``work`` on the communication thread, after everything submitted so far,
+        with no engine operation (it touches no NDArray the engine tracks)."""
+        self.check()
+        self._count += 1
+        op = _Op(self._count, name, (), work)
+        op.ready_at = time.perf_counter()
+        op.started.set()
+        with self._cv:
+            self._ops[op.ident] = op
+            self._queue.append(op)
+            self._cv.notify()
+
     def check(self) -> None:
         """Raise, on the caller's thread, an error a collective of this group hit."""
         if self.error is not None:
@@ -191,7 +204,7 @@ class EngineComm:
                     begin = time.perf_counter()
                     op.work()
                     self.ops_run += 1
-                    if self.record:
+                    if self.record and op.done is not None:   # engine operations only
                         self.timeline.append(OpTiming(op.name, op.ready_at, begin,
                                                       time.perf_counter()))
             except BaseException as exc:   # noqa: B902 (kept and raised on the caller's thread)
@@ -202,7 +215,8 @@ class EngineComm:
                 op.started.wait()
                 del self._ops[op.ident]
                 op.arrays = []
-                _complete(op.done)
+                if op.done is not None:   # an engine operation (not an enqueued job)
+                    _complete(op.done)
 
     def close(self) -> None:
         """Let queued operations finish (the caller waited for the engine first), then

@@ -61,7 +61,10 @@ def sparse_batch(step: int, n: int):
     return ids.astype(np.float32), rng.randint(0, CLASSES, size=n).astype(np.float32)
 
 
-def sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs, offset, total):
+def sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs, offset, total,
+                       prefetch: bool = False):
+    """``prefetch``: hand the store the next batch's ids before each step
+    (kvhybrid.prefetch), as a training loop that reads ahead does."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(steps):
         x, y = sparse_batch(step, total)
@@ -72,6 +75,12 @@ def sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs, offset, 
                 losses.append(loss_fn(net(mx.nd.array(x[lo:lo + per_device], ctx=ctx)),
                                       mx.nd.array(y[lo:lo + per_device], ctx=ctx)))
         autograd.backward(losses)
+        if prefetch:   # the last step's prefetch is never used: the pull after falls back
+            import kvhybrid
+            following, _ = sparse_batch(step + 1, total)
+            kvhybrid.prefetch(trainer, {net.embed.weight: [
+                following[offset + d * per_device:offset + (d + 1) * per_device]
+                for d in range(len(ctxs))]})
         trainer.step(step_arg)
 
 

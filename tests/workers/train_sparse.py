@@ -4,6 +4,7 @@ argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH [KIND]
 KIND "grad" (nn.Embedding(sparse_grad=True), the default) or "weight"
 (contrib.nn.SparseEmbedding); the dense layers go through the dense path.
 """
+import json
 import os
 import sys
 
@@ -28,9 +29,12 @@ if rank == 0:
     np.savez(os.path.join(out_dir, f"{kind}-init.npz"), **local_weights(net))
 trainer, step_arg = make_trainer(net, kind, kv, ndev * per_device)
 sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs,
-                   offset=rank * ndev * per_device, total=size * ndev * per_device)
+                   offset=rank * ndev * per_device, total=size * ndev * per_device,
+                   prefetch=os.environ.get("KVHYBRID_TEST_PREFETCH") == "1")
 assert trainer._update_on_kvstore, "Gluon updates on the store for distributed sparse models"
 np.savez(os.path.join(out_dir, f"{kind}-rank{rank}.npz"), **trained_weights(net))
 print(f"rank {rank}: bytes sent {kv.group.bytes_sent}", flush=True)
 print(f"rank {rank}: key stats {kv.key_stats()}", flush=True)
+with open(os.path.join(out_dir, f"{kind}-collectives-rank{rank}.json"), "w") as f:
+    json.dump(kv.collectives(), f)   # meetings of the group, for the prefetch test
 kv.close()
