@@ -5,7 +5,8 @@ dense layers (a bag-of-words classifier) — the kind of model Parallax routes b
     kvhybrid-launch -n 4 --servers 2 --tune-partitions python examples/train_sparse_bow.py
 
 The table lives on the parameter servers (split into KVHYBRID_PARTITIONS pieces); each
-step every rank pulls the rows its batch uses and pushes their gradients. Rank 0 prints
+step every rank pushes the gradients of the rows its batch used and, handed the next
+batch's ids (kvhybrid.prefetch), gets that batch's rows while the step finishes. Rank 0 prints
 words/s of the whole job at the end.
 """
 import argparse
@@ -60,13 +61,17 @@ def main() -> None:
                             kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     start = None
+    following = batch(rng, args.batch_size, args.words, args.vocab, args.classes)
     for step in range(args.steps):
         if step == 3:
             start = time.perf_counter()     # after the warm-up steps
-        x, y = batch(rng, args.batch_size, args.words, args.vocab, args.classes)
+        x, y = following
+        following = batch(rng, args.batch_size, args.words, args.vocab, args.classes)
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
+        # the next batch's rows come from the servers while this step finishes
+        kvhybrid.prefetch(trainer, {net.embed.weight: following[0]})
         trainer.step(1)
     mx.nd.waitall()
     if kv.rank == 0 and start is not None:

@@ -33,7 +33,7 @@ from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..errors import KeyValueError
-from ..tensor_collectives.ops import allreduce_patiently, copy_to_all, wait_patiently
+from ..tensor_collectives.ops import copy_to_all, wait_patiently
 from .agreement import digest
 from .keys import Key, KeySlot
 
@@ -57,7 +57,10 @@ class EngineBucket:
         self.items, self.buffer, self.in_place, self.name = items, buffer, in_place, name
         self.dtype = items[0].slot.dtype
         self.count = sum(it.slot.count for it in items)
-        self.view = host_view(buffer, self.dtype, self.count)   # the memory MPI reduces
+        # the memory MPI reduces. Wait first: MXNet allocates an op's output when the engine
+        # runs the op, and a pointer taken before that may point to memory it then replaces
+        buffer.wait_to_read()
+        self.view = host_view(buffer, self.dtype, self.count)
 
 
 class GradientBuffers:
@@ -164,11 +167,7 @@ def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> N
         with group.watchdog.waiting(lambda: f"the engine allreduce of {bucket.name} "
                                             f"({view.nbytes / 2**20:.2f} MB) on group "
                                             f"{group.name} of {group.size} ranks"):
-            if group.size > 1 and group.algorithms.select(view.nbytes) == "mpi":
-                # the thread sleeps while it waits: the cores stay with backward
-                allreduce_patiently(view, group)
-            else:
-                group.algorithms.allreduce(view)
+            group.algorithms.allreduce(view)
         group.bytes_sent["dense"] += view.nbytes
         group.fused_calls += 1
         group.fused_in_place += bucket.in_place

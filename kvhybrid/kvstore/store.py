@@ -264,6 +264,7 @@ class HybridMPIStore(mx.kv.KVStore):
             return None
         group = Group(self.group.MPI, self.group.comm, self.config, f"{self.group.name}-engine")
         group.bytes_sent = self.group.bytes_sent   # one tally per process
+        group.algorithms.patient = True   # its waits leave the cores to the engine
         return EngineComm(group)
 
     @property

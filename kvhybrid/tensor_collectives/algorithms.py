@@ -60,6 +60,9 @@ class Algorithms:
         #: size class (bytes.bit_length()) -> the algorithm auto settled on
         self.chosen: Dict[int, str] = {}
         self._trials: Dict[int, Dict[str, List[float]]] = {}
+        #: MPI's call waits without spinning (``ops.allreduce_patiently``): for a thread that
+        #: waits while MXNet's engine computes on the same cores (the engine path's)
+        self.patient = False
 
     @property
     def topology(self) -> Topology:
@@ -127,10 +130,13 @@ class Algorithms:
         group = self.group
         self.calls[name] += 1
         if name == "mpi":
-            from .ops import _mpi_buffer, _mpi_op
+            from .ops import _mpi_buffer, _mpi_op, wait_patiently
             MPI = group.MPI
-            group.comm.Allreduce(MPI.IN_PLACE, _mpi_buffer(MPI, view),
-                                 op=_mpi_op(MPI, "sum", view.dtype))
+            buf, op = _mpi_buffer(MPI, view), _mpi_op(MPI, "sum", view.dtype)
+            if self.patient:
+                wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, buf, op=op))
+            else:
+                group.comm.Allreduce(MPI.IN_PLACE, buf, op=op)
         elif name == "ring":
             ring_allreduce(view, group.comm, group.MPI, self._workspace(view, group.size))
         elif name == "shm":

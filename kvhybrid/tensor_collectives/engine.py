@@ -219,14 +219,14 @@ class EngineComm:
                     _complete(op.done)
 
     def close(self) -> None:
-        """Let queued operations finish (the caller waited for the engine first), then
-        stop the thread."""
+        """Let queued work finish (the caller waited for the engine first: every engine
+        operation has been started), then stop the thread. Its waits are the watchdog's."""
         with self._cv:
             self._closing = True
             self._cv.notify()
-        if self._ops:
-            log.warning("kvhybrid: closing group %s with %d engine operations pending",
-                        self.group.name, len(self._ops))
+        self._thread.join(timeout=2 * self.group.watchdog.timeout)
+        if self._thread.is_alive():
+            log.warning("kvhybrid: the communication thread of group %s did not finish its "
+                        "%d queued operations", self.group.name, len(self._ops))
         else:
-            self._thread.join(timeout=5)
             _COMMS.pop(self.ident, None)

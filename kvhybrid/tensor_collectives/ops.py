@@ -140,16 +140,6 @@ def wait_patiently(request) -> None:
         delay = min(delay * 1.5, 1e-3)
 
 
-def allreduce_patiently(view: np.ndarray, group: Group) -> None:
-    """Sum a host view over the group in place with MPI's non-blocking allreduce, waiting
-    without spinning (``wait_patiently``): for a thread that waits while the engine computes
-    on the same cores. Every rank must use it for the same call."""
-    MPI = group.MPI
-    wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, _mpi_buffer(MPI, view),
-                                         op=_mpi_op(MPI, "sum", view.dtype)))
-    group.algorithms.calls["mpi"] += 1
-
-
 def _bcast(group: Group, view: np.ndarray, src: int, patient: bool) -> None:
     buf = _mpi_buffer(group.MPI, view)
     if not patient:

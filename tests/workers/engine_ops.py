@@ -42,10 +42,13 @@ def slow_array() -> mx.nd.NDArray:
 
 
 order = []
-slow = slow_array()[0:1].reshape((600,)) * (rank + 1)   # rank + 1, eventually
-fast = mx.nd.ones((5,)) * (rank + 1)
-fast.wait_to_read()
+# views of allocated memory (MXNet allocates an op's output when the engine runs it)
+slow, fast = mx.nd.zeros((600,)), mx.nd.zeros((5,))
+mx.nd.waitall()
 slow_view, fast_view = host_view(slow), host_view(fast)
+(slow_array()[0:1].reshape((600,)) * (rank + 1)).copyto(slow)   # rank + 1, eventually
+(mx.nd.ones((5,)) * (rank + 1)).copyto(fast)
+fast.wait_to_read()
 
 
 def allreduce(name, view):
