@@ -130,8 +130,8 @@ def test_prefetched_pulls_meet_the_group_once_instead_of_three_times(prefetch_jo
     # one small allreduce checks that every rank got its rows
     ranks, ndev, out = prefetch_job
     for rank in range(ranks):
-        got = json.load(open(out / f"weight-collectives-rank{rank}.json"))
-        plain = json.load(open(out / "plain" / f"weight-collectives-rank{rank}.json"))
+        got = json.load(open(out / f"weight-stats-rank{rank}.json"))["collectives"]
+        plain = json.load(open(out / "plain" / f"weight-stats-rank{rank}.json"))["collectives"]
         pulls = (STEPS - 1) * ndev   # every step's pulls but the first step's (per device)
         # each prefetched pull saves 2 meetings, each push 1 (the rows and the next ids go
         # in one gather); the final whole-table pull asks for rows the last prefetch did not,

@@ -157,7 +157,7 @@ def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> N
     """Push one step of ``bucket``: gather, allreduce, update or copy back (see module)."""
     for it in bucket.items:   # the sum over this worker's devices, into the bucket
         arrays = it.value
-        if len(arrays) > 1:   # in place: into the first device's gradient, which is it.total
+        if len(arrays) > 1:   # (in place, it.total is the first device's gradient itself)
             mx.nd.add_n(*[a.as_in_context(it.total.context) for a in arrays], out=it.total)
         elif not bucket.in_place:
             arrays[0].copyto(it.total)

@@ -35,6 +35,7 @@ assert trainer._update_on_kvstore, "Gluon updates on the store for distributed s
 np.savez(os.path.join(out_dir, f"{kind}-rank{rank}.npz"), **trained_weights(net))
 print(f"rank {rank}: bytes sent {kv.group.bytes_sent}", flush=True)
 print(f"rank {rank}: key stats {kv.key_stats()}", flush=True)
-with open(os.path.join(out_dir, f"{kind}-collectives-rank{rank}.json"), "w") as f:
-    json.dump(kv.collectives(), f)   # meetings of the group, for the prefetch test
+with open(os.path.join(out_dir, f"{kind}-stats-rank{rank}.json"), "w") as f:
+    # bytes sent and the group's meetings, in a file: mpirun may join ranks' output lines
+    json.dump({"bytes_sent": kv.group.bytes_sent, "collectives": kv.collectives()}, f)
 kv.close()
