@@ -563,7 +563,6 @@ class HybridMPIStore(mx.kv.KVStore):
     def _pushpull_engine(self, call: "CheckedCall"):
         """Push the call's dense sums into MXNet's engine, bucket by bucket (overlap.py);
         returns at once with the keys left to do one by one (none with elements)."""
-        self._engine.check()
         if call.engine_plan is None:
             call.engine_plan = overlap.plan(call.work, self._slots, self.engine_bucket_bytes,
                                             self._shared_grads)
