@@ -27,11 +27,13 @@ from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
 from .mpirun import DEFAULT_ENV, MpiJob, build_command, find_mpirun, flavour, job_env
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
 from .supervisor import Supervisor
-from .transport import TRANSPORTS, address, free_port, wrap
+from .transport import TRANSPORTS, address, free_port, listening, wrap
 
 log = logging.getLogger("kvhybrid.launch")
 
 SCHEDULER_TRIES = 3
+#: seconds to wait for the scheduler to bind its port before starting the rest anyway
+SCHEDULER_BIND_WAIT = 60
 #: seconds without a heartbeat after which ps-lite's scheduler declares a node dead
 HEARTBEAT_TIMEOUT = 3
 
@@ -246,15 +248,26 @@ class Job:
         return sup.wait()
 
     def _start_scheduler(self, sup: Supervisor) -> bool:
-        """Start the scheduler; a port taken between probe and bind means another try."""
+        """Start the scheduler; a port taken between probe and bind means another try.
+
+        ps-lite's scheduler binds its port only after MXNet is imported (seconds on a busy
+        machine) and exits on "bind failed": wait for one or the other.
+        """
         host = self.plan.scheduler_host
         for attempt in range(1, SCHEDULER_TRIES + 1):
             self.port = free_port(self.transport, host)
             proc = sup.start("scheduler", host, *self._ps_node("scheduler", host), essential=False)
-            time.sleep(0.5)
+            deadline = time.monotonic() + SCHEDULER_BIND_WAIT
+            while proc.popen.poll() is None and not listening(
+                    proc.popen.pid, self.transport, self.addresses[host], self.port):
+                if time.monotonic() > deadline:
+                    log.warning("the scheduler on %s has not opened port %d in %d s; going on",
+                                host, self.port, SCHEDULER_BIND_WAIT)
+                    return True
+                time.sleep(0.1)
             if proc.popen.poll() is None:
                 return True
-            log.warning("the scheduler exited at once on port %d (attempt %d of %d); retrying",
+            log.warning("the scheduler exited before opening port %d (attempt %d of %d); retrying",
                         self.port, attempt, SCHEDULER_TRIES)
             sup.procs.remove(proc)
         log.error("the scheduler did not start in %d tries; its last output:\n%s",

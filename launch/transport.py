@@ -57,6 +57,33 @@ def address(transport: str, host: str, interface: Optional[str] = None) -> str:
         raise ValueError(f"cannot resolve host {host!r}: {exc}") from None
 
 
+def listening(pid: int, transport: str, addr: str, port: int) -> bool:
+    """Whether process ``pid`` (started by ``wrap``) now listens on ``port``.
+
+    Here and in a namespace the command keeps its pid (every wrapper execs), so its own
+    sockets are matched against its namespace's TCP table; over ssh, a connection to
+    ``addr:port`` is the best there is.
+    """
+    if transport not in ("local", "netns"):
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        for table in ("tcp", "tcp6"):
+            with open(f"/proc/{pid}/net/{table}") as f:
+                for row in f.readlines()[1:]:
+                    cols = row.split()
+                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port \
+                            and f"socket:[{cols[9]}]" in inodes:
+                        return True
+    except OSError:   # gone, or not ours to read
+        pass
+    return False
+
+
 def free_port(transport: str, host: str) -> int:
     """A port that was free a moment ago (the scheduler is restarted on a collision)."""
     if transport == "netns":

@@ -319,3 +319,35 @@ def test_no_mpi_tuning_flag_reaches_the_commands():
     assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
     assert "ompi_allreduce_rules.conf" in on.stdout
     assert "ompi_allreduce_rules.conf" not in off.stdout
+
+
+def test_scheduler_port_taken_before_it_binds_means_another_port(monkeypatch, caplog):
+    """The port is probed free, then bound by the scheduler seconds later (after MXNet's
+    import): whoever takes it between those must cost a retry, not the job (CI saw
+    ps-lite's 'bind failed' end a job once in 334 tests)."""
+    import socket
+
+    from kvhybrid.launch import cli
+    from kvhybrid.launch.supervisor import Supervisor, _kill_group
+    from kvhybrid.launch.transport import free_port
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])
+    monkeypatch.setattr(cli, "free_port", lambda t, h: next(ports, None) or free_port(t, h))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    job = cli.Job(plan(2, clients=1, servers=1), ["python", "t.py"], [])
+    sup = Supervisor()
+    try:
+        with caplog.at_level("WARNING", logger="kvhybrid.launch"):
+            assert job._start_scheduler(sup)
+        assert job.port != taken
+        assert f"exited before opening port {taken} (attempt 1 of 3)" in caplog.text
+        scheduler, = sup.procs
+        assert cli.listening(scheduler.popen.pid, "local", "127.0.0.1", job.port)
+    finally:
+        squatter.close()
+        for proc in sup.procs:
+            _kill_group(proc.popen.pid)
