@@ -1,7 +1,12 @@
-"""Exceptions kvhybrid raises. Every message names the cause and how to fix it."""
+"""Exceptions kvhybrid raises. Every message names the cause and how to fix it.
+
+Every one is an ``mx.base.MXNetError`` (a ``RuntimeError``): code written for MXNet's own
+stores catches that around kvstore calls, and must catch kvhybrid's errors the same way.
+"""
+from mxnet.base import MXNetError
 
 
-class KVHybridError(RuntimeError):
+class KVHybridError(MXNetError):
     """Base class of kvhybrid's errors."""
 
 
