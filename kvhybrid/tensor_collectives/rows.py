@@ -19,6 +19,12 @@ from .group import Group
 from .ops import wait_patiently
 
 
+def _wire(flat: np.ndarray) -> np.ndarray:
+    """``flat`` as MPI can send it: MPI has no float16, so its bits travel as uint16 (rows
+    are only moved here, never reduced by MPI)."""
+    return flat.view(np.uint16) if flat.dtype == np.float16 else flat
+
+
 def local_ids(arrays: Sequence[NDArray]) -> np.ndarray:
     """The row ids of a worker's per-device row_sparse arrays, concatenated."""
     return np.concatenate([np.asarray(a.indices.asnumpy(), dtype=np.int64) for a in arrays])
@@ -42,7 +48,7 @@ def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, root: Optional[
     with dog.waiting(lambda: f"the row counts of {name} on group {group.name}"):
         counts = comm.allgather(len(ids)) if everyone else comm.gather(len(ids), root=root)
     group.bytes_sent["rows"] += ids.nbytes + rows.nbytes
-    ids, flat = np.ascontiguousarray(ids), np.ascontiguousarray(rows).reshape(-1)
+    ids, flat = np.ascontiguousarray(ids), _wire(np.ascontiguousarray(rows).reshape(-1))
     if not everyone and group.rank != root:
         with dog.waiting(lambda: f"rank {root} to gather the rows of {name} on group "
                                  f"{group.name}"):
@@ -58,10 +64,10 @@ def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, root: Optional[
                              f"{group.size} ranks"):
         if everyone:
             comm.Allgatherv(ids, [all_ids, counts])
-            comm.Allgatherv(flat, [all_rows.reshape(-1), counts * width])
+            comm.Allgatherv(flat, [_wire(all_rows.reshape(-1)), counts * width])
         else:
             comm.Gatherv(ids, [all_ids, counts], root=root)
-            comm.Gatherv(flat, [all_rows.reshape(-1), counts * width], root=root)
+            comm.Gatherv(flat, [_wire(all_rows.reshape(-1)), counts * width], root=root)
     return all_ids, all_rows
 
 
@@ -81,10 +87,10 @@ def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 
                                         f"{group.name}"):
         if group.rank == root:
             counts = np.array([len(p) for p in parts], dtype=np.int64) * width
-            send = np.concatenate([p.reshape(-1) for p in parts]) if parts else None
-            group.comm.Iscatterv([send, counts], out.reshape(-1), root=root).Wait()
+            send = _wire(np.concatenate([p.reshape(-1) for p in parts]).astype(dtype, copy=False))
+            group.comm.Iscatterv([send, counts], _wire(out.reshape(-1)), root=root).Wait()
         else:
-            wait_patiently(group.comm.Iscatterv(None, out.reshape(-1), root=root))
+            wait_patiently(group.comm.Iscatterv(None, _wire(out.reshape(-1)), root=root))
     return out
 
 
