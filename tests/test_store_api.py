@@ -12,7 +12,7 @@ CHECKS = [
     "capable_of_optimizer", "create_by_type_round_trips", "init_value_is_rank0s",
     "push_stores_sum", "pushpull_out_sums", "pushpull_out_keeps_value", "pushpull_in_place_sums",
     "key_lists", "broadcast_gives_rank0s", "broadcast_again_overwrites",
-    "push_with_optimizer_updates", "gradient_compression_refused", "row_sparse_pull_needs_row_sparse_out",
+    "push_with_optimizer_updates", "gradient_compression_after_push_refused", "row_sparse_pull_needs_row_sparse_out",
     "row_sparse_pull_of_a_dense_key",
     "trainer_by_type_string", "trainer_states_round_trip", "trainer_weights_equal_on_ranks",
 ]

@@ -81,12 +81,12 @@ class HybridMPIElasticStore(HybridMPIStore):
         if self._servers is not None:   # its center goes on the servers as a dense key
             self._servers.check_new(key)
 
-    def _sum_and_update(self, key: Key, slot: KeySlot, arrays, target):
+    def _sum_and_update(self, key: Key, slot: KeySlot, arrays, target, compress: bool = True):
         if self._updater is None:
             raise KeyValueError("hybrid-mpi-elastic owns the weights: Gluon must update on the "
                                 "store (update_on_kvstore=True, its default for this store) so "
                                 "that set_optimizer is called before training")
-        result = super()._sum_and_update(key, slot, arrays, target)
+        result = super()._sum_and_update(key, slot, arrays, target, compress)
         self._count_step(key, slot)
         return result
 

@@ -57,6 +57,7 @@ from ..tensor_collectives.ndarray_view import ViewCache, is_host
 from ..tensor_collectives.ops import copy_to_all, reduce_local, wait_patiently
 from ..tensor_collectives.rows import local_ids
 from ..tensor_collectives.topology import Topology
+from ..tensor_collectives.compression import CompressionParams, TwoBitCompressor
 from ..tensor_collectives.engine import EngineComm, thread_level_ok
 from . import overlap, routing, sparse
 from .agreement import agree
@@ -187,6 +188,8 @@ class HybridMPIStore(mx.kv.KVStore):
         #: servers, blocking; the engine thread then serves prefetched rows only)
         self._dense_on_engine = self._engine is not None and not self._cross
         self._shared_grads = overlap.GradientBuffers()
+        #: set_gradient_compression's 2bit compressor (per-key residuals of this worker)
+        self._compressor: Optional[TwoBitCompressor] = None
         self._prefetch_ids: Dict[Key, np.ndarray] = {}         # asked for, sent with the next push
         self._prefetched: Dict[Key, sparse.Prefetch] = {}      # on their way, for the next pull
         ref = weakref.ref(self)
@@ -548,7 +551,9 @@ class HybridMPIStore(mx.kv.KVStore):
         self._tick(key)
         call = self._checked_call(key, value, out)
         work = call.work
-        if self._dense_on_engine:
+        if self._compressor is not None:   # key by key: each key has its own residual
+            pass
+        elif self._dense_on_engine:
             work = self._pushpull_engine(call)
         elif len(work) > 1 and not self._cross and self.config.fusion_threshold:
             work = self._pushpull_fused(call)
@@ -669,7 +674,8 @@ class HybridMPIStore(mx.kv.KVStore):
             slot.route = self._choose_route(key, slot)
         if slot.route == "dense":  # the whole gradient, summed like a dense key's
             target = slot.grad_buffer() if self._updater is not None else slot.value
-            self._sum_and_update(key, slot, [a.tostype("default") for a in arrays], target)
+            self._sum_and_update(key, slot, [a.tostype("default") for a in arrays], target,
+                                 compress=False)   # row_sparse gradients: uncompressed
             return
         if not slot.rows_on_servers and self._rows_on_servers(slot):
             # A dense weight's first row_sparse gradient: its rows move to the servers, as a
@@ -785,25 +791,36 @@ class HybridMPIStore(mx.kv.KVStore):
         """Copy the value of ``key`` into ``out``. With one group and no servers every rank
         holds the same copy and the pull is local; otherwise the servers may hold the value
         (in async mode newer than this group's copy), so the pull is a call every rank of
-        the group makes."""
+        the group makes. As in MXNet's stores, row_sparse arrays in ``out`` are skipped with
+        ``ignore_sparse`` (they take ``row_sparse_pull``) and refused without it."""
         self._open()
         if self.config.num_servers:   # several client groups always have servers
-            self._pull_from_servers(key, out)
+            self._pull_from_servers(key, out, ignore_sparse)
             return
+        for k, out_k in self._pull_pairs(key, out, ignore_sparse):
+            copy_to_all(self._slots[k].value, out_k)
+
+    def _pull_pairs(self, key, out, ignore_sparse: bool):
+        """``[(key, dense outs)]`` of a pull, checked: an unknown key is named before its
+        ``out``; a key whose outs are all skipped row_sparse arrays is left out."""
         if out is None:
             raise KeyValueError(f"pull of key {key!r} needs out=: the arrays to write into")
-        for k, out_k in pairs(key, out, "out"):
+        kept = []
+        for k, out_k in pairs(key, out, "out", sparse_ok=True):
             slot = lookup(self._slots, k)
-            check_matches(k, slot, out_k, "out")
-            copy_to_all(slot.value, out_k)
+            dense = [o for o in out_k if o.stype == "default"]
+            if len(dense) < len(out_k) and not ignore_sparse:
+                raise KeyValueError(f"pull of key {k!r} got a row_sparse out: fetch rows with "
+                                    f"row_sparse_pull({k!r}, out, row_ids=...), or pass "
+                                    "ignore_sparse=True to skip row_sparse outs")
+            if dense:
+                check_matches(k, slot, dense, "out")
+                kept.append((k, dense))
+        return kept
 
-    def _pull_from_servers(self, key, out) -> None:
+    def _pull_from_servers(self, key, out, ignore_sparse: bool = True) -> None:
         def build():
-            if out is None:
-                raise KeyValueError(f"pull of key {key!r} needs out=: the arrays to write into")
-            ps = pairs(key, out, "out")
-            for k, out_k in ps:
-                check_matches(k, lookup(self._slots, k), out_k, "out")
+            ps = self._pull_pairs(key, out, ignore_sparse)
             return ps, f"pull {_keys_text(ps)}"
 
         for k, out_k in self._check("pull", build, f" of key {key!r}"):
@@ -922,12 +939,15 @@ class HybridMPIStore(mx.kv.KVStore):
         sparse.rows_from_prefetch(prefetch, outs, ids, slot)
 
     def _sum_and_update(self, key: Key, slot: KeySlot, arrays: List[mx.nd.NDArray],
-                        target: mx.nd.NDArray) -> mx.nd.NDArray:
+                        target: mx.nd.NDArray, compress: bool = True) -> mx.nd.NDArray:
         """Sum ``arrays`` into ``target`` over devices, the group and (with several client
         groups) the servers; apply the optimizer if one is set. Returns the array that
         holds the key's new value: the updated weight, or ``target`` with the sum."""
         reduce_local(arrays, target)
-        allreduce_array(target, "sum", self.group, name=f"key {key!r}")
+        if self._compressor is not None and compress:
+            self._compressor.allreduce(key, target, self.group, name=f"key {key!r}")
+        else:
+            allreduce_array(target, "sum", self.group, name=f"key {key!r}")
         result = target if self._updater is None else slot.value
         if slot.count == 0:  # nothing to sum or update (MXNet's operators reject empty arrays)
             return result
@@ -978,8 +998,24 @@ class HybridMPIStore(mx.kv.KVStore):
         self._updater = updater
 
     def set_gradient_compression(self, compression_params) -> None:
-        raise KVHybridError("hybrid-mpi does not compress gradients: drop compression_params "
-                            "from gluon.Trainer")
+        """MXNet's 2bit compression with error feedback for dense gradients: each rank keeps
+        a residual per key and sends 2-bit codes; the sum is the one MXNet's servers make
+        of its workers' compressed pushes (tensor_collectives/compression.py). row_sparse
+        gradients travel uncompressed, as in MXNet. Call it before the first push."""
+        self._open()
+
+        def build():
+            params = CompressionParams.parse(compression_params)
+            if self._clock_key is not None:
+                raise KeyValueError("set_gradient_compression after the first push: residuals "
+                                    "start at the first push, so call it before training "
+                                    "(gluon.Trainer does, with compression_params)")
+            return params, f"set_gradient_compression({params})"
+
+        params = self._check("set_gradient_compression", build)
+        self._compressor = TwoBitCompressor(params)
+        self._dense_on_engine = False   # compressed sums run key by key, on this thread
+        self._memo.clear()
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Write the optimizer state (identical on every rank) to ``fname``, atomically."""
