@@ -23,3 +23,14 @@ def test_optimizer_the_servers_cannot_load_is_an_error_not_a_silent_sum():
     assert "the parameter servers could not load the optimizer __main__.ScriptLocalSGD" in r.output
     assert "importable on the servers" in r.output
     assert "trained with an optimizer the servers cannot load" not in r.output
+
+
+def test_optimizer_failing_on_a_server_ends_the_job_naming_it():
+    """MXNet's server loop prints an updater's exception and carries on (the weights half
+    updated, the workers none the wiser): kvhybrid's server ends instead."""
+    r = run_launcher(["-n", 2, "--clients", 2, "--servers", 1], "server_update_fails.py",
+                     timeout=120)
+    assert r.returncode != 0
+    assert "the optimizer failed on key" in r.output and "server 0" in r.output
+    assert "trained on after the servers' optimizer failed" not in r.output
+    assert r.seconds < 60, f"took {r.seconds:.0f} s"

@@ -95,6 +95,16 @@ class ServerOptimizer:
         return self.create_state_multi_precision(index, weight)
 
     def update_multi_precision(self, index, weight, grad, state):
+        try:
+            self._update(index, weight, grad, state)
+        except BaseException:   # MXNet would print it and go on with half-updated weights
+            log.exception("the optimizer failed on key %s on this parameter server; ending "
+                          "the server so that the job stops instead of training on",
+                          index)
+            logging.shutdown()
+            os._exit(1)
+
+    def _update(self, index, weight, grad, state):
         if index in self._packs:
             self._update_pack(index, weight, grad)
             return
@@ -120,8 +130,7 @@ class ServerOptimizer:
             # flat, as a server stores an unpacked key: states keep one shape either way
             w = weight[start:end]
             g = grad[start:end]
-            self.update_multi_precision(member, w, g,
-                                        self.create_state_multi_precision(member, w))
+            self._update(member, w, g, self.create_state_multi_precision(member, w))
 
     def add_packs(self, packs) -> None:
         self._packs.update(packs)
