@@ -492,6 +492,14 @@ class ServerLink:
             return [piece_key(index, i) for i in range(len(self._bounds[key]) - 1)]
         return [index]
 
+    def set_gradient_compression(self, params: Dict[str, object]) -> None:
+        """Compress this master's dense pushes with MXNet's own 2bit compressor (ps-lite rank
+        0 tells the servers to decode them; the barrier keeps every push after that)."""
+        self.packing = self.pack_keys = False   # a pack's mask must not be quantized
+        with self._waiting("the other client groups' masters to set gradient compression"):
+            self._kv.set_gradient_compression(params)
+            self._kv._barrier()
+
     def barrier(self) -> None:
         """Wait for this master's pushes to be answered, then for every master."""
         with self._waiting("the other client groups' masters at a barrier"):

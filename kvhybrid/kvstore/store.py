@@ -190,6 +190,8 @@ class HybridMPIStore(mx.kv.KVStore):
         self._shared_grads = overlap.GradientBuffers()
         #: set_gradient_compression's 2bit compressor (per-key residuals of this worker)
         self._compressor: Optional[TwoBitCompressor] = None
+        #: the servers decode MXNet's compressed pushes (a client group per worker)
+        self._servers_compressed = False
         self._prefetch_ids: Dict[Key, np.ndarray] = {}         # asked for, sent with the next push
         self._prefetched: Dict[Key, sparse.Prefetch] = {}      # on their way, for the next pull
         ref = weakref.ref(self)
@@ -374,8 +376,10 @@ class HybridMPIStore(mx.kv.KVStore):
                                         "or use broadcast() to overwrite its value")
                 if arrays[0].stype == "row_sparse":
                     self._check_new_table(k, arrays[0])
+                    self._check_rows_uncompressed(k, "init of a row_sparse table")
                 else:
                     self._check_new_on_servers(k)
+                    self._check_compressible(k, arrays[0].dtype)
             return ps, "init " + _keys_text(ps)
 
         for k, arrays in self._check("init", build, f" of key {key!r}"):
@@ -523,9 +527,31 @@ class HybridMPIStore(mx.kv.KVStore):
         self._memo[ident] = call
         return call
 
+    def _check_rows_uncompressed(self, key: Key, what: str) -> None:
+        if self._servers_compressed:
+            raise KeyValueError(
+                f"{what} of key {key!r} to the parameter servers with gradient compression: "
+                "in this shape (a client group per worker) MXNet's own compressor sends the "
+                "pushes, and it refuses row_sparse arrays, as dist_sync does: run client "
+                "groups of several workers (kvhybrid-launch --clients fewer than -n), or drop "
+                "compression_params")
+
+    def _check_compressible(self, key: Key, dtype) -> None:
+        if self._servers_compressed and np.dtype(dtype) != np.float32:
+            raise KeyValueError(
+                f"key {key!r} is {np.dtype(dtype).name}, and in this shape (a client group per "
+                "worker) MXNet's own compressor sends pushes to the servers, which takes "
+                "float32 only, as dist_sync does: keep the parameter float32, run client "
+                "groups of several workers (--clients fewer than -n), or drop "
+                "compression_params")
+
     def _check_route(self, key: Key, slot: KeySlot, stype: str) -> None:
+        if stype != "row_sparse":
+            self._check_compressible(key, slot.dtype)
         if stype == "row_sparse":
             to_servers = slot.rows_on_servers or self._rows_on_servers(slot)
+            if to_servers:
+                self._check_rows_uncompressed(key, "push of row_sparse gradients")
             if to_servers and self._updater is None:
                 raise KeyValueError(
                     f"push of row_sparse gradients of key {key!r} to the parameter servers "
@@ -1016,6 +1042,13 @@ class HybridMPIStore(mx.kv.KVStore):
         self._compressor = TwoBitCompressor(params)
         self._dense_on_engine = False   # compressed sums run key by key, on this thread
         self._memo.clear()
+        if self._cross and self.group.size == 1 and self.SERVER_MODE == "dist_sync":
+            # Every worker is a ps-lite worker (pure PS): what it pushes is its own codes
+            # (±t or 0), which MXNet's compressor sends as they are (its residual stays 0)
+            # and the servers decode. A bigger group's sum of codes needs more than 2 bits.
+            self._servers.set_gradient_compression(params.as_mxnet())
+            self._servers_compressed = True
+            self._memo.clear()
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Write the optimizer state (identical on every rank) to ``fname``, atomically."""
