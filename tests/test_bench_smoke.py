@@ -105,3 +105,21 @@ def test_load_benchmark_samples_every_process_of_both_shapes(tmp_path):
         for r in processes:
             assert f"| {r['name']} | {r['pid']} |" in table
     assert "RSS after warm-up (MB)" in table and "## Summary" in table
+
+
+def test_compression_benchmark_matches_mxnet_and_saves_bytes(tmp_path):
+    """Every system trains; 2bit training through hybrid-mpi (one group, and pure PS) ends
+    where MXNet's dist_sync with the same compression ends, with fewer bytes."""
+    table, results = run_bench("compression", tmp_path, "--ranks", 2, "--epochs", 1,
+                               "--rounds", 1, "--thresholds", 0.5)
+    summary = results["summary"]
+    for store in ("hybrid-mpi", "hybrid-mpi pure PS", "dist_sync"):
+        for kind in ("uncompressed", "2bit, threshold 0.5"):
+            assert f"| {store}, {kind} |" in table
+    compressed = [summary[f"{s}, 2bit, threshold 0.5"]["loss"][0]
+                  for s in ("hybrid-mpi", "hybrid-mpi pure PS", "dist_sync")]
+    assert max(compressed) - min(compressed) < 1e-4, compressed
+    assert summary["hybrid-mpi, 2bit, threshold 0.5"]["wire"] \
+        < summary["hybrid-mpi, uncompressed"]["wire"] / 8
+    assert summary["hybrid-mpi pure PS, 2bit, threshold 0.5"]["loopback"] \
+        < summary["hybrid-mpi pure PS, uncompressed"]["loopback"] * 0.7
