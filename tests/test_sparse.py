@@ -124,7 +124,7 @@ def test_prefetched_rows_train_bit_for_bit_like_plain_pulls(prefetch_job, kind):
             assert np.array_equal(got[name], plain[name]), f"rank {rank} {name} differs"
 
 
-def test_prefetched_pulls_meet_the_group_once_instead_of_three_times(prefetch_job):
+def test_prefetched_steps_meet_the_group_twice_fewer_per_pull_and_per_push(prefetch_job):
     # a sparse weight's pull through the master meets the group 3 times (agreement, ids,
     # rows); prefetched, the push carries the ids, the rows come on the engine thread, and
     # one small allreduce checks that every rank got its rows
@@ -133,10 +133,11 @@ def test_prefetched_pulls_meet_the_group_once_instead_of_three_times(prefetch_jo
         got = json.load(open(out / f"weight-stats-rank{rank}.json"))["collectives"]
         plain = json.load(open(out / "plain" / f"weight-stats-rank{rank}.json"))["collectives"]
         pulls = (STEPS - 1) * ndev   # every step's pulls but the first step's (per device)
-        # each prefetched pull saves 2 meetings, each push 1 (the rows and the next ids go
-        # in one gather); the final whole-table pull asks for rows the last prefetch did not,
-        # so it costs 1 more (the check) before the plain pull
-        assert plain["group"] - got["group"] == 2 * pulls + STEPS - 1, (got, plain)
+        # each prefetched pull saves 2 meetings; each of the STEPS pushes carries next ids
+        # and saves 2 (rows, next ids and the call's agreement in one gather), but the
+        # first, which agrees first (it decides the route), saves 1; the final whole-table
+        # pull asks for rows the last prefetch did not, so it costs 1 more (the check)
+        assert plain["group"] - got["group"] == 2 * pulls + (2 * STEPS - 1) - 1, (got, plain)
 
 
 @pytest.mark.parametrize("shape", [(2, 1, 0), (4, 2, 1)], ids=["pure-mpi", "2clients-1server"])
@@ -176,3 +177,16 @@ def test_row_sparse_push_to_servers_before_set_optimizer_is_refused_on_every_ran
             "of key 'table' to the parameter servers needs an optimizer there" in r.output, \
             r.output[-3000:]
     assert "call set_optimizer first" in r.output
+
+
+def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_nothing(tmp_path):
+    """The push's agreement rides in the rows' gather (no meeting of its own): a wrong call
+    on one rank stops the push at the master, and every rank raises at its next call."""
+    r = run_launcher(["-n", 2, "--servers", 1], "prefetch_mismatch.py", [tmp_path], timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    for rank in range(2):
+        got = json.load(open(tmp_path / f"mismatch-rank{rank}.json"))
+        assert got["push_returned"] and got["raised"] == "KeyValueError", got
+        assert got["message"].startswith("push failed on rank 1: key 'w' holds a sparse "
+                                         "weight"), got
+        assert got["requests_sent"] == 0, got

@@ -49,14 +49,16 @@ def agree(group: Group, what: str, signature, local_error: Optional[str], about:
         return
     with group.watchdog.waiting(f"the ranks to exchange why {what}{about} failed"):
         details = group.comm.allgather((local_error, None if local_error else str(signature)))
-    raise KeyValueError(_explain(what, details))
+    raise KeyValueError(explain(what, details))
 
 
 def _ranks(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def _explain(what: str, details) -> str:
+def explain(what: str, details) -> str:
+    """The error every rank raises: what failed where, or how the ranks' calls differ
+    (``details``: each rank's (local error, signature text))."""
     errors = defaultdict(list)
     for rank, (error, _) in enumerate(details):
         if error:

@@ -26,7 +26,7 @@ Where the rows live:
 from __future__ import annotations
 
 import threading
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -34,9 +34,11 @@ from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
+from ..tensor_collectives.ops import wait_patiently
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.rows import (allreduce_rows, gather_ids, gather_rows, local_rows,
                                        scatter_rows, sum_rows)
+from .agreement import explain
 from .keys import Key, KeySlot
 from .servers import ServerLink
 
@@ -94,36 +96,53 @@ class Prefetch:
         self.ready = threading.Event()
 
 
-def push_and_prefetch(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
-                      next_ids: np.ndarray, group: Group, servers: Optional[ServerLink],
-                      comm: EngineComm) -> Prefetch:
-    """``push_to_servers`` and the pull of the next step's rows in one meeting: every rank's
-    rows and next ids go to the master in one gather; the master pushes the sum and at once
-    asks the servers for the union of the next ids (ps-lite sends them after the push, so
-    they come back updated); the communication thread waits for them and hands each rank
-    its own (``comm``'s group), while the caller's thread goes on."""
-    ids, rows = local_rows(arrays, ids)
-    with group.watchdog.waiting(lambda: f"the rows of key {key!r} and the next step's row ids "
-                                        f"on group {group.name}"):
-        gathered = group.comm.gather((ids, rows, next_ids), root=0)
+def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray]],
+                      ids: np.ndarray, next_ids: np.ndarray, group: Group,
+                      servers: Optional[ServerLink], comm: EngineComm,
+                      call: Tuple[Optional[str], Optional[str]]) -> Prefetch:
+    """``push_to_servers``, its agreement and the pull of the next step's rows in one
+    meeting: every rank's rows, next ids and call (``call``: its local error, or its
+    signature; ``arrays`` is None after an error) go to the master in one gather. If the
+    calls match, the master pushes the sum and at once asks the servers for the union of
+    the next ids (ps-lite sends them after the push, so they come back updated); the
+    communication thread waits for them and hands each rank its own (``comm``'s group),
+    while the caller's thread goes on. If they differ, nothing is pushed: the communication
+    thread hands every rank the verdict, and every rank raises it at its next call."""
+    if arrays is None:
+        ids, rows = np.zeros(0, np.int64), np.zeros((0,) + tuple(slot.shape[1:]), slot.dtype)
+    else:
+        ids, rows = local_rows(arrays, ids)
+    with group.watchdog.waiting(lambda: f"the push of key {key!r} (its rows, the ranks' calls "
+                                        f"and the next step's row ids) on group {group.name}"):
+        gathered = group.comm.gather((ids, rows, next_ids, call), root=0)
     group.bytes_sent["rows"] += ids.nbytes + rows.nbytes + next_ids.nbytes
     prefetch = Prefetch(key, next_ids)
-    union = wanted = fetch = None
+    union = wanted = fetch = verdict = None
     if group.rank == 0:
-        all_ids = np.concatenate([g[0] for g in gathered])
-        all_rows = np.concatenate([g[1] for g in gathered])
-        wanted = [g[2] for g in gathered]
-        union = np.unique(np.concatenate(wanted))
-        if servers is not None:
-            summed_ids, summed = sum_rows(all_ids, all_rows)
-            group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
-            servers.push_rows(key, summed_ids, summed, slot.shape, slot.dtype)
-            if len(union):
-                fetch = servers.start_pull_rows(key, union, slot.shape, slot.dtype)
+        calls = [g[3] for g in gathered]
+        if any(error for error, _ in calls) or len({sig for _, sig in calls}) > 1:
+            verdict = explain("push", calls)
+        else:
+            all_ids = np.concatenate([g[0] for g in gathered])
+            all_rows = np.concatenate([g[1] for g in gathered])
+            wanted = [g[2] for g in gathered]
+            union = np.unique(np.concatenate(wanted))
+            if servers is not None:
+                summed_ids, summed = sum_rows(all_ids, all_rows)
+                group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
+                servers.push_rows(key, summed_ids, summed, slot.shape, slot.dtype)
+                if len(union):
+                    fetch = servers.start_pull_rows(key, union, slot.shape, slot.dtype)
     row_shape, dtype = slot.shape[1:], slot.dtype
     engine_group = comm.group
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
+        failed = np.array([verdict is not None], np.int64)
+        with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key "
+                                                   f"{key!r}"):
+            wait_patiently(engine_group.comm.Ibcast(failed, root=0))
+            if failed[0]:   # rare: the text too; the thread stops, every rank raises it
+                raise KeyValueError(engine_group.comm.bcast(verdict, root=0))
         parts = None
         if engine_group.rank == 0:
             with engine_group.watchdog.waiting(
@@ -133,7 +152,7 @@ def push_and_prefetch(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: n
             parts = [table[np.searchsorted(union, w)] for w in wanted]
         prefetch.rows = scatter_rows(parts, row_shape, dtype, len(next_ids), engine_group,
                                      name=f"key {key!r} (prefetched)")
-        prefetch.ready.set()
+        prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
 
     comm.enqueue(f"the prefetched rows of key {key!r}", hand_out)
     return prefetch

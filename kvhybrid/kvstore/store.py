@@ -684,6 +684,8 @@ class HybridMPIStore(mx.kv.KVStore):
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
         self._open()
         self._tick(key)
+        if self._push_with_prefetch(key, value):
+            return
         for k, value_k, _ in self._checked_pairs("push", key, value):
             slot = self._slots[k]
             if value_k[0].stype == "row_sparse":  # only the touched rows travel
@@ -691,6 +693,32 @@ class HybridMPIStore(mx.kv.KVStore):
                 continue
             target = slot.grad_buffer() if self._updater is not None else slot.value
             self._sum_and_update(k, slot, value_k, target)
+
+    def _push_with_prefetch(self, key, value) -> bool:
+        """The push of a sparse weight that carries the next step's row ids (prefetch_rows),
+        in one meeting: its agreement travels in the rows' gather, where the master compares
+        the ranks' calls before it pushes anything. Calls that differ reach every rank
+        through the communication thread, and every rank raises at its next store call
+        (nothing was pushed). Other pushes, and a key's first (its route is decided then),
+        agree first. Whether it applies depends only on calls every rank made alike."""
+        if isinstance(key, (list, tuple)) or key not in self._prefetch_ids:
+            return False
+        slot = self._slots.get(key)
+        if slot is None or slot.route is None or not slot.rows_on_servers:
+            return False
+        arrays = ids = None
+        try:
+            work, signature = self._pairs_and_signature("push", key, value, None)
+            call = (None, str(signature))
+            arrays = work[0][1]
+            ids = local_ids(arrays)
+            sparse.count_rows(slot, ids)
+        except KeyValueError as exc:
+            call, arrays = (str(exc), None), None
+        self._prefetched[key] = sparse.push_and_prefetch(
+            key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group, self._servers,
+            self._engine, call)
+        return True
 
     def _push_rows(self, key: Key, slot: KeySlot, arrays) -> None:
         self._prefetched.pop(key, None)   # this push updates the rows it holds
@@ -715,7 +743,7 @@ class HybridMPIStore(mx.kv.KVStore):
         if slot.rows_on_servers and key in self._prefetch_ids:
             self._prefetched[key] = sparse.push_and_prefetch(
                 key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group,
-                self._servers, self._engine)
+                self._servers, self._engine, (None, "agreed"))   # the call agreed already
         elif slot.rows_on_servers:
             sparse.push_to_servers(key, slot, arrays, ids, self.row_group, self._servers)
             self._prefetch_ids.pop(key, None)
@@ -889,6 +917,9 @@ class HybridMPIStore(mx.kv.KVStore):
             return work, f"row_sparse_pull {_keys_text(outs)}"
 
         if not isinstance(key, (list, tuple)) and key in self._prefetched:
+            # the rows first: a push whose calls differed raises here, on every rank, before
+            # any meeting (its verdict comes with them)
+            self._wait_for_prefetch(self._prefetched[key])
             work = self._prefetch_covers(key, build)   # one small meeting instead of three
             if work is not None:
                 for k, slot, outs, ids in work:
@@ -956,12 +987,15 @@ class HybridMPIStore(mx.kv.KVStore):
                                 f"[0, {slot.shape[0]})")
         self._prefetch_ids[key] = unique
 
-    def _rows_from_prefetch(self, prefetch: "sparse.Prefetch", slot: KeySlot, outs, ids) -> None:
+    def _wait_for_prefetch(self, prefetch: "sparse.Prefetch") -> None:
         with self.group.watchdog.waiting(lambda: f"the prefetched rows of key {prefetch.key!r}",
                                          collective=False):
             while not prefetch.ready.wait(0.05):
                 self._engine.check()   # its thread failed: the rows will not come
         self._engine.check()
+
+    def _rows_from_prefetch(self, prefetch: "sparse.Prefetch", slot: KeySlot, outs, ids) -> None:
+        self._wait_for_prefetch(prefetch)
         sparse.rows_from_prefetch(prefetch, outs, ids, slot)
 
     def _sum_and_update(self, key: Key, slot: KeySlot, arrays: List[mx.nd.NDArray],

@@ -38,7 +38,7 @@ from typing import Callable, Deque, Dict, Optional, Sequence
 from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 
-from ..errors import KVHybridError
+from ..errors import KeyValueError, KVHybridError
 
 log = logging.getLogger("kvhybrid")
 
@@ -132,6 +132,7 @@ class EngineComm:
         self._count = 0
         self._closing = False
         self.error: Optional[str] = None
+        self._error_type: type = KVHybridError   # KeyValueError: calls that differ
         #: operations run, for tests and benchmarks
         self.ops_run = 0
         #: the last TIMELINE operations' timings, when ``record`` is on (benchmarks)
@@ -181,7 +182,7 @@ class EngineComm:
     def check(self) -> None:
         """Raise, on the caller's thread, an error a collective of this group hit."""
         if self.error is not None:
-            raise KVHybridError(self.error)
+            raise self._error_type(self.error)
 
     @property
     def pending(self) -> int:
@@ -207,6 +208,9 @@ class EngineComm:
                     if self.record and op.done is not None:   # engine operations only
                         self.timeline.append(OpTiming(op.name, op.ready_at, begin,
                                                       time.perf_counter()))
+            except KeyValueError as exc:   # the ranks' calls differ: every rank raises it
+                self.error, self._error_type = str(exc), KeyValueError
+                log.error("kvhybrid: %s", self.error)
             except BaseException as exc:   # noqa: B902 (kept and raised on the caller's thread)
                 self.error = (f"the engine-scheduled collective {op.name} on group "
                               f"{self.group.name} failed: {type(exc).__name__}: {exc}")
