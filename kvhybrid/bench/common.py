@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -60,6 +61,11 @@ def stop_job(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+
+
+def ratio_cell(values: Sequence[float]) -> str:
+    """A ratio measured over several rounds: its median, its range in brackets."""
+    return f"{statistics.median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
 
 
 def footer(module: str) -> List[str]:

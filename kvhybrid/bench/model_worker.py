@@ -4,8 +4,12 @@ through one system and writes what it measured.
 
 Systems: ``hybrid`` (``hybrid-mpi`` with ``kvhybrid.DistributedTrainer``), ``dist_sync``
 (MXNet's own store and ``gluon.Trainer``), ``horovod`` (``horovod.mxnet``'s
-``DistributedTrainer``, dense embeddings). Every worker draws its own batches (seeded by
-its rank), the same whatever the system, and starts from the same weights.
+``DistributedTrainer``, dense embeddings), ``local`` (no communication: each worker trains
+alone, the bound no system beats with the same processes on the same cores). Every worker
+draws its own batches (seeded by its rank), the same whatever the system, and starts from
+the same weights. Each step's time is also split into what the caller's thread spent in
+the forward pass (a blocking pull shows here), in ``trainer.step`` and waiting for the
+engine at the end (``waitall``).
 """
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ from . import model_zoo
 from .model_zoo import MODELS
 from .wire import interface_bytes
 
-SYSTEMS = ("hybrid", "dist_sync", "horovod")
+SYSTEMS = ("hybrid", "dist_sync", "horovod", "local")
+#: a step's parts as the caller's thread sees them
+PHASES = ("forward", "backward", "trainer.step", "waitall")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,6 +62,11 @@ def make_trainer(system: str, net, lr: float, batch: int):
         params["learning_rate"] = lr / kv.num_workers   # the store sums over workers
         return kvhybrid.DistributedTrainer(net.collect_params(), "sgd", params, kvstore=kv), \
             kv.rank, kv.num_workers, kv
+    if system == "local":
+        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+        size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+        return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=None), rank, size, \
+            None
     kv = mx.kv.create("dist_sync")
     params["learning_rate"] = lr / kv.num_workers
     return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=kv), kv.rank, \
@@ -95,7 +106,7 @@ def main(argv=None) -> None:
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(1000 + rank)
     batches = [model.batch(rng, args.batch_size, args.tokens) for _ in range(8)]
-    times, alphas = [], []
+    times, alphas, phases = [], [], []
     for step in range(args.steps):
         inputs, label = batches[step % len(batches)]
         if step == args.warmup:   # the timed steps' traffic, counted by the kernel
@@ -108,14 +119,20 @@ def main(argv=None) -> None:
         start = time.perf_counter()
         with autograd.record():
             loss = loss_fn(net(*[mx.nd.array(x) for x in inputs]), mx.nd.array(label))
+        forward = time.perf_counter()
         loss.backward()
         if args.system == "hybrid" and model.sparse_keys:   # the next batch's rows, ahead
             following = batches[(step + 1) % len(batches)][0]
             kvhybrid.prefetch(trainer, {t.weight: ids for t, ids in zip(net.tables, following)})
+        stepping = time.perf_counter()
         trainer.step(1)
+        waiting = time.perf_counter()
         mx.nd.waitall()
+        end = time.perf_counter()
         if step >= args.warmup:
-            times.append(time.perf_counter() - start)
+            times.append(end - start)
+            phases.append((forward - start, stepping - forward, waiting - stepping,
+                           end - waiting))
     wire_end = interface_bytes()
     timed = args.steps - args.warmup
     meetings = ({k: (v - meetings_start[k]) / timed for k, v in kv.collectives().items()}
@@ -142,6 +159,8 @@ def main(argv=None) -> None:
                        "table_bytes": [v * model_zoo.DIM * 4 for v in model.vocabs],
                        "alpha": np.mean(alphas, axis=0).tolist() if alphas else [],
                        "collectives_per_step": meetings, "hidden": hidden,
+                       # medians of the caller's thread's time per step, in seconds
+                       "phases": dict(zip(PHASES, np.median(phases, axis=0).tolist())),
                        "key_stats": {str(k): v for k, v in kv.key_stats().items()}
                        if hasattr(kv, "key_stats") else {}}, f)
         print(f"{args.model} on {args.system}: {step * 1e3:.1f} ms per step, "

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from .common import footer, save_figure
+from .common import footer, ratio_cell, save_figure
 from .model_zoo import MODELS
 from .models import run_system
 
@@ -28,10 +28,6 @@ SYSTEMS = ["kvhybrid", "kvhybrid blocking", "dist_sync"]
 #: (numerator, denominator) of each ratio reported
 RATIOS = [("kvhybrid", "kvhybrid blocking"), ("kvhybrid", "dist_sync"),
           ("kvhybrid blocking", "dist_sync")]
-
-
-def ratio_cell(values: List[float]) -> str:
-    return f"{statistics.median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
 
 
 def tables(runs: Dict[str, List[Dict[str, dict]]], args) -> str:

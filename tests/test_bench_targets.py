@@ -1,0 +1,50 @@
+"""The models suite's verdicts (no jobs run): ratios are paired round by round, the
+median decides met or missed, and "the better peer" is the faster one in each round."""
+from kvhybrid.bench.models import Setting, targets_table
+
+
+def run(words_per_second: float, loss: float = 1.0) -> dict:
+    return {"words_per_second": words_per_second, "loss": loss, "step_seconds": 1.0}
+
+
+def rounds(*per_round):
+    """per_round: {model: {system: words/s}} per round."""
+    return [{m: {n: run(w) for n, w in systems.items()} for m, systems in r.items()}
+            for r in per_round]
+
+
+def row(table: str, what: str) -> str:
+    lines = [line for line in table.splitlines() if line.startswith(f"| {what} |")]
+    assert len(lines) == 1, (what, table)
+    return lines[0]
+
+
+def test_loopback_ratios_are_paired_per_round_and_the_median_decides():
+    loop = Setting("loopback", 0, 1, rounds(
+        {"lm": {"kvhybrid": 90, "dist_sync": 100, "Horovod": 10}},
+        {"lm": {"kvhybrid": 120, "dist_sync": 100, "Horovod": 10}},
+        {"lm": {"kvhybrid": 105, "dist_sync": 100, "Horovod": 10}}))
+    table = targets_table([loop], workers=4)
+    assert row(table, "loopback: lm kvhybrid ÷ dist_sync") == \
+        "| loopback: lm kvhybrid ÷ dist_sync | 1.05× (0.90–1.20) | ≥ 1.00× | met |"
+    # the better peer is dist_sync in every round here: the same ratios, a lower target
+    assert "1.05× (0.90–1.20) | ≥ 0.95× | met" in row(table, "loopback: lm kvhybrid ÷ the better peer")
+
+
+def test_the_better_peer_is_chosen_in_each_round_and_a_low_median_is_missed():
+    net = Setting("2 emulated hosts × 2 workers at 100mbit", 2, 2, rounds(
+        {"nmt": {"kvhybrid": 100, "dist_sync": 50, "Horovod": 125}},   # Horovod faster: 0.8
+        {"nmt": {"kvhybrid": 100, "dist_sync": 80, "Horovod": 40}},    # dist_sync: 1.25
+        {"nmt": {"kvhybrid": 100, "dist_sync": 110, "Horovod": 20}}))  # dist_sync: 0.91
+    table = targets_table([net], workers=4)
+    assert row(table, f"{net.where}: nmt kvhybrid ÷ the better peer") == \
+        f"| {net.where}: nmt kvhybrid ÷ the better peer | 0.91× (0.80–1.25) | ≥ 1.00× | **missed** |"
+
+
+def test_four_hosts_get_the_network_targets_and_not_the_two_host_ones():
+    net = Setting("4 emulated hosts × 1 workers at 1gbit", 4, 4, rounds(
+        {"lm": {"kvhybrid": 300, "dist_sync": 100, "Horovod": 50}}))
+    table = targets_table([net], workers=4)
+    assert "| 3.00× (3.00–3.00) | ≥ 2.00× | met" in row(table, f"{net.where}: lm kvhybrid ÷ dist_sync")
+    assert "| 6.00× (6.00–6.00) | ≥ 4.00× | met" in row(table, f"{net.where}: lm kvhybrid ÷ Horovod")
+    assert "better peer" not in table   # a target of the 2 × 2 shape and of loopback only
