@@ -52,7 +52,6 @@ def save_checkpoint(trainer: mx.gluon.Trainer, directory: str, step: Optional[in
     ``load_checkpoint`` to return."""
     store = _store_of(trainer, "save_checkpoint")
     directory = os.path.abspath(directory)
-    store._open()   # a push of rows still on its way lands first
     store._check("save_checkpoint", lambda: (None, f"save_checkpoint({directory!r}, {step})"))
     partial = directory + ".partial"
     token = _token(store)
@@ -100,7 +99,6 @@ def load_checkpoint(trainer: mx.gluon.Trainer, directory: str) -> Dict[str, obje
         return meta, f"load_checkpoint of {directory!r}, token {meta['token']}"
 
     meta = store._check("load_checkpoint", build, f" from {directory!r}")
-    store._settle_rows()        # pushes on their way land before the values are replaced
     store._prefetched.clear()   # rows fetched before the servers' values are replaced
     client = store._client_rank if meta["groups_differ"] else 0
     values = mx.nd.load(os.path.join(directory, f"weights-{client}.params"))

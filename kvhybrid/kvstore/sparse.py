@@ -26,7 +26,7 @@ Where the rows live:
 from __future__ import annotations
 
 import threading
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -87,9 +87,8 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.
 
 
 class Prefetch:
-    """A push of a sparse weight and the rows the next ``row_sparse_pull`` will ask for, on
-    their way: the communication thread runs both (``push_and_prefetch``) and sets ``ready``
-    once this rank holds its rows; the caller's thread reads them then."""
+    """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: filled
+    by the communication thread, read by the caller's thread once ``ready`` is set."""
 
     def __init__(self, key: Key, ids: np.ndarray):
         self.key, self.ids = key, ids          # this rank's sorted unique ids
@@ -98,93 +97,65 @@ class Prefetch:
 
 
 def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray]],
-                      next_ids: np.ndarray, comm: EngineComm, servers: Optional[ServerLink],
-                      call: Tuple[Optional[str], Optional[str]], counted: bool = False
-                      ) -> Tuple[Prefetch, Callable[[], None]]:
-    """``push_to_servers``, its agreement and the pull of the next step's rows, in one
-    meeting on a communication thread (``comm``'s group); returns at once with the
-    prefetch and the function that queues its second half.
-
-    The engine snapshots the gradients (``arrays``; None after a local error) as soon as
-    backward has written them, so the next backward may overwrite them. The thread then
-    reads the snapshot and gathers every rank's rows, next ids and call (``call``: its
-    local error, or its signature) at the master, which compares the calls and tells every
-    rank. If they match, the master pushes the sum and at once asks the servers for the
-    union of the next ids (ps-lite serves them after the push, so they come back updated).
-    If the calls differ, nothing is pushed, the thread stops, and every rank raises the
-    verdict at its next store call. The rows count towards the key's α unless the caller
-    ``counted`` them already.
-
-    The second half (wait for the rows, hand each rank its own) is queued when the caller
-    calls the returned function: after the next table's push, so that the tables' round
-    trips overlap. Only the caller's thread queues, so every rank queues the same
-    collectives in the same order."""
-    snapshot = None if arrays is None else [a.copy() for a in arrays]
+                      ids: np.ndarray, next_ids: np.ndarray, group: Group,
+                      servers: Optional[ServerLink], comm: EngineComm,
+                      call: Tuple[Optional[str], Optional[str]]) -> Prefetch:
+    """``push_to_servers``, its agreement and the pull of the next step's rows in one
+    meeting: every rank's rows, next ids and call (``call``: its local error, or its
+    signature; ``arrays`` is None after an error) go to the master in one gather. If the
+    calls match, the master pushes the sum and at once asks the servers for the union of
+    the next ids (ps-lite sends them after the push, so they come back updated); the
+    communication thread waits for them and hands each rank its own (``comm``'s group),
+    while the caller's thread goes on. If they differ, nothing is pushed: the communication
+    thread hands every rank the verdict, and every rank raises it at its next call."""
+    if arrays is None:
+        ids, rows = np.zeros(0, np.int64), np.zeros((0,) + tuple(slot.shape[1:]), slot.dtype)
+    else:
+        ids, rows = local_rows(arrays, ids)
+    with group.watchdog.waiting(lambda: f"the push of key {key!r} (its rows, the ranks' calls "
+                                        f"and the next step's row ids) on group {group.name}"):
+        gathered = group.comm.gather((ids, rows, next_ids, call), root=0)
+    group.bytes_sent["rows"] += ids.nbytes + rows.nbytes + next_ids.nbytes
     prefetch = Prefetch(key, next_ids)
-    group = comm.group
-    row_shape, dtype = tuple(slot.shape[1:]), slot.dtype
-    fetched: List[Optional[Callable[[], List[np.ndarray]]]] = [None]
-
-    def push() -> None:   # on the communication thread, every rank of the group
-        if snapshot is None:
-            ids, rows = np.zeros(0, np.int64), np.zeros((0,) + row_shape, dtype)
+    union = wanted = fetch = verdict = None
+    if group.rank == 0:
+        calls = [g[3] for g in gathered]
+        if any(error for error, _ in calls) or len({sig for _, sig in calls}) > 1:
+            verdict = explain("push", calls)
         else:
-            ids, rows = local_rows(snapshot)
-            if not counted:
-                count_rows(slot, ids)
-        with group.watchdog.waiting(lambda: f"the push of key {key!r} (its rows, the ranks' "
-                                            f"calls and the next step's row ids) on group "
-                                            f"{group.name}"):
-            gathered = group.comm.gather((ids, rows, next_ids, call), root=0)
-        group.bytes_sent["rows"] += ids.nbytes + rows.nbytes + next_ids.nbytes
-        verdict = None
-        if group.rank == 0:
-            calls = [g[3] for g in gathered]
-            if any(error for error, _ in calls) or len({sig for _, sig in calls}) > 1:
-                verdict = explain("push", calls)
-        failed = np.array([verdict is not None], np.int64)
-        with group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key {key!r}"):
-            wait_patiently(group.comm.Ibcast(failed, root=0))
-            if failed[0]:   # rare: the text too; the thread stops, every rank raises it
-                raise KeyValueError(group.comm.bcast(verdict, root=0))
-        if group.rank == 0:
-            fetched[0] = _push_and_start_fetch(key, slot, gathered, servers, group)
+            all_ids = np.concatenate([g[0] for g in gathered])
+            all_rows = np.concatenate([g[1] for g in gathered])
+            wanted = [g[2] for g in gathered]
+            union = np.unique(np.concatenate(wanted))
+            if servers is not None:
+                summed_ids, summed = sum_rows(all_ids, all_rows)
+                group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
+                servers.push_rows(key, summed_ids, summed, slot.shape, slot.dtype)
+                if len(union):
+                    fetch = servers.start_pull_rows(key, union, slot.shape, slot.dtype)
+    row_shape, dtype = slot.shape[1:], slot.dtype
+    engine_group = comm.group
 
-    def hand_out() -> None:   # the same thread, later
-        parts = fetched[0]() if fetched[0] is not None else None
-        prefetch.rows = scatter_rows(parts, row_shape, dtype, len(next_ids), group,
+    def hand_out() -> None:   # on the communication thread, every rank of the group
+        failed = np.array([verdict is not None], np.int64)
+        with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key "
+                                                   f"{key!r}"):
+            wait_patiently(engine_group.comm.Ibcast(failed, root=0))
+            if failed[0]:   # rare: the text too; the thread stops, every rank raises it
+                raise KeyValueError(engine_group.comm.bcast(verdict, root=0))
+        parts = None
+        if engine_group.rank == 0:
+            with engine_group.watchdog.waiting(
+                    lambda: f"the parameter servers to return {len(union)} prefetched rows of "
+                            f"key {key!r}", collective=False, outward=True):
+                table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
+            parts = [table[np.searchsorted(union, w)] for w in wanted]
+        prefetch.rows = scatter_rows(parts, row_shape, dtype, len(next_ids), engine_group,
                                      name=f"key {key!r} (prefetched)")
         prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
 
-    comm.enqueue(f"the push of key {key!r}", push)
-    return prefetch, lambda: comm.enqueue(f"the prefetched rows of key {key!r}", hand_out)
-
-
-def _push_and_start_fetch(key: Key, slot: KeySlot, gathered, servers: Optional[ServerLink],
-                          group: Group) -> Callable[[], List[np.ndarray]]:
-    """At the master: push the sum of the gathered rows and ask for the union of the ranks'
-    next ids; returns the function that waits for those rows and splits them by rank."""
-    all_ids = np.concatenate([g[0] for g in gathered])
-    all_rows = np.concatenate([g[1] for g in gathered])
-    wanted = [g[2] for g in gathered]
-    union = np.unique(np.concatenate(wanted))
-    fetch = None
-    if servers is not None:
-        summed_ids, summed = sum_rows(all_ids, all_rows)
-        group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
-        servers.push_rows(key, summed_ids, summed, slot.shape, slot.dtype)
-        if len(union):
-            fetch = servers.start_pull_rows(key, union, slot.shape, slot.dtype)
-
-    def rows_by_rank() -> List[np.ndarray]:
-        table = np.zeros((0,) + tuple(slot.shape[1:]), slot.dtype)
-        if fetch is not None:
-            with group.watchdog.waiting(
-                    lambda: f"the parameter servers to return {len(union)} prefetched rows of "
-                            f"key {key!r}", collective=False, outward=True):
-                table = fetch()
-        return [table[np.searchsorted(union, w)] for w in wanted]
-    return rows_by_rank
+    comm.enqueue(f"the prefetched rows of key {key!r}", hand_out)
+    return prefetch
 
 
 def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],

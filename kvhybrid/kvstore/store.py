@@ -42,7 +42,7 @@ import tempfile
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Optional
+from typing import Deque, Dict, List, Optional
 
 import numpy as np
 import mxnet as mx
@@ -183,10 +183,7 @@ class HybridMPIStore(mx.kv.KVStore):
                                                 else self._agree_on_clients(ps_rank))
         #: some table's rows live on the servers (see _servers_in_step)
         self._rows_at_servers = False
-        self._engine = self._start_engine("engine")
-        #: pushes and prefetches of sparse weights' rows (sparse.push_and_prefetch): a thread
-        #: and communicator of their own, so they never queue behind a dense bucket
-        self._rows_engine = self._start_engine("rows") if self._engine is not None else None
+        self._engine = self._start_engine()
         #: dense pushpulls take the engine path (with several groups they go through the
         #: servers, blocking; the engine thread then serves prefetched rows only)
         self._dense_on_engine = self._engine is not None and not self._cross
@@ -197,7 +194,6 @@ class HybridMPIStore(mx.kv.KVStore):
         self._servers_compressed = False
         self._prefetch_ids: Dict[Key, np.ndarray] = {}         # asked for, sent with the next push
         self._prefetched: Dict[Key, sparse.Prefetch] = {}      # on their way, for the next pull
-        self._hand_outs: List[Callable[[], None]] = []   # their second halves, not yet queued
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
@@ -259,8 +255,8 @@ class HybridMPIStore(mx.kv.KVStore):
                                 "connect to the same scheduler")
         return ps_rank, masters
 
-    def _start_engine(self, name: str) -> Optional[EngineComm]:
-        """A communication thread of the engine path (overlap.py, prefetched rows), on a
+    def _start_engine(self) -> Optional[EngineComm]:
+        """The communication thread of the engine path (overlap.py, prefetched rows), on a
         communicator of its own; None where the path cannot run (then pushpull blocks, as
         before)."""
         if not (self.config.engine and self.ENGINE_PATH):
@@ -271,7 +267,7 @@ class HybridMPIStore(mx.kv.KVStore):
                             "overlap backward: build MPI with thread support, or set "
                             "KVHYBRID_ENGINE=0 to silence this")
             return None
-        group = Group(self.group.MPI, self.group.comm, self.config, f"{self.group.name}-{name}")
+        group = Group(self.group.MPI, self.group.comm, self.config, f"{self.group.name}-engine")
         group.bytes_sent = self.group.bytes_sent   # one tally per process
         group.algorithms.patient = True   # its waits leave the cores to the engine
         return EngineComm(group)
@@ -285,39 +281,28 @@ class HybridMPIStore(mx.kv.KVStore):
         return min(self.config.bucket_bytes, self.config.fusion_threshold) or 1
 
     @property
-    def _engines(self) -> List[EngineComm]:
-        return [e for e in (getattr(self, "_engine", None), getattr(self, "_rows_engine", None))
-                if e is not None]
-
-    @property
     def engine(self) -> Optional[EngineComm]:
         """The engine path's communication thread (None when pushpull blocks instead)."""
         return self._engine
-
-    @property
-    def rows_engine(self) -> Optional[EngineComm]:
-        """The communication thread of prefetching pushes of sparse weights (None without
-        the engine path)."""
-        return self._rows_engine
 
     def collectives(self) -> Dict[str, int]:
         """Collectives this rank has entered so far: on the group (agreements, rows,
         broadcasts: the meetings on the caller's thread) and engine buckets."""
         groups = {self.group, self.row_group}
         return {"group": sum(g.watchdog.collectives for g in groups),
-                "engine": sum(e.group.watchdog.collectives for e in self._engines)}
+                "engine": self._engine.group.watchdog.collectives if self._engine else 0}
 
     def dense_stats(self) -> Dict[str, object]:
         """What this rank's dense sums ran, over both paths: fused allreduces (buckets), of
         those the ones summed where the gradients lie, the ones the engine scheduled, and
         calls per allreduce algorithm. Waits for the engine's pending sums first."""
         mx.nd.waitall()
-        groups = [self.group] + [e.group for e in self._engines]
+        groups = [self.group] + ([self._engine.group] if self._engine is not None else [])
         calls = {name: sum(g.algorithms.calls[name] for g in groups)
                  for name in self.group.algorithms.calls}
         return {"fused": sum(g.fused_calls for g in groups),
                 "in_place": sum(g.fused_in_place for g in groups),
-                "engine": sum(e.ops_run for e in self._engines),
+                "engine": self._engine.ops_run if self._engine is not None else 0,
                 "algorithms": calls}
 
     def share_gradient_buffer(self, base: mx.nd.NDArray, views: List[mx.nd.NDArray]) -> None:
@@ -370,37 +355,12 @@ class HybridMPIStore(mx.kv.KVStore):
         agree(self.group, what, signature, error, about, patient=self._servers_in_step)
         return result
 
-    def _open(self, settle: bool = True, flush: bool = True) -> None:
-        """Refuse a closed store; raise what a communication thread hit; queue the rows'
-        hand-outs (``flush``) and wait for pushes of rows still on their way (``settle``)."""
+    def _open(self) -> None:
         if self._closed:
             raise KVHybridError("this hybrid-mpi store was closed: create a new one with "
                                 "mx.kv.create('hybrid-mpi')")
-        for engine in self._engines:   # a collective of a communication thread failed
-            engine.check()
-        if flush:
-            self.flush_prefetches()
-        if settle:
-            self._settle_rows()
-
-    def flush_prefetches(self) -> None:
-        """Queue the second half of every prefetching push made so far (the servers' rows
-        handed to the ranks; ``sparse.push_and_prefetch``). A push queues its predecessor's,
-        so that tables' round trips overlap; every other call queues them all first.
-        ``DistributedTrainer`` calls it after a step's pushes."""
-        if self._rows_engine is not None and self._rows_engine.error is not None:
-            self._hand_outs.clear()   # the thread stopped: every rank raises its error instead
-        while self._hand_outs:
-            self._hand_outs.pop(0)()
-
-    def _settle_rows(self) -> None:
-        """Wait for the pushes of sparse weights still on the communication thread
-        (``sparse.push_and_prefetch``): a store call other than the pull of their rows may
-        touch the servers or read what those pushes change."""
-        self.flush_prefetches()
-        for prefetch in list(self._prefetched.values()):
-            if not prefetch.ready.is_set():
-                self._wait_for_prefetch(prefetch)
+        if self._engine is not None:   # a collective of the engine thread failed
+            self._engine.check()
 
     # -- init and broadcast --------------------------------------------------------------------
     @_unrecorded
@@ -613,9 +573,7 @@ class HybridMPIStore(mx.kv.KVStore):
         Without an optimizer this is a pure allreduce: the store's own copy of
         the key is left as it was (no extra copy on the hot path).
         """
-        # the engine path sums dense keys inside the group (no servers): a push of rows on
-        # its way may go on meanwhile, so gluon.Trainer's dense keys after a table do not wait
-        self._open(settle=not self._dense_on_engine)
+        self._open()
         self._tick(key)
         call = self._checked_call(key, value, out)
         work = call.work
@@ -724,13 +682,10 @@ class HybridMPIStore(mx.kv.KVStore):
     @_unrecorded
     def push(self, key, value, priority: int = 0) -> None:
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
-        # a push of a prefetched table goes behind the previous one on the rows' thread;
-        # any other push may touch the servers: the rows on their way land first
-        self._open(settle=False, flush=False)
+        self._open()
         self._tick(key)
         if self._push_with_prefetch(key, value):
             return
-        self._settle_rows()
         for k, value_k, _ in self._checked_pairs("push", key, value):
             slot = self._slots[k]
             if value_k[0].stype == "row_sparse":  # only the touched rows travel
@@ -751,38 +706,26 @@ class HybridMPIStore(mx.kv.KVStore):
         slot = self._slots.get(key)
         if slot is None or slot.route is None or not slot.rows_on_servers:
             return False
+        arrays = ids = None
         try:
             work, signature = self._pairs_and_signature("push", key, value, None)
-            call, arrays = (None, str(signature)), work[0][1]
+            call = (None, str(signature))
+            arrays = work[0][1]
+            ids = local_ids(arrays)
+            sparse.count_rows(slot, ids)
         except KeyValueError as exc:
             call, arrays = (str(exc), None), None
-        self._push_and_prefetch(key, slot, arrays, call)
+        self._prefetched[key] = sparse.push_and_prefetch(
+            key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group, self._servers,
+            self._engine, call)
         return True
-
-    def _push_and_prefetch(self, key: Key, slot: KeySlot, arrays, call,
-                           counted: bool = False) -> None:
-        """Queue a prefetching push on the rows' thread, then the previous one's second half
-        (in this order on every rank: the caller's calls decide it)."""
-        self._prefetched[key], hand_out = sparse.push_and_prefetch(
-            key, slot, arrays, self._prefetch_ids.pop(key), self._rows_engine, self._servers,
-            call, counted)
-        self.flush_prefetches()
-        self._hand_outs.append(hand_out)
 
     def _push_rows(self, key: Key, slot: KeySlot, arrays) -> None:
         self._prefetched.pop(key, None)   # this push updates the rows it holds
-        ids = None
-        if slot.route is None:   # the first push: the route is chosen on its α
-            ids = local_ids(arrays)
-            sparse.count_rows(slot, ids)
+        ids = local_ids(arrays)   # read once: for α and for the push
+        sparse.count_rows(slot, ids)
+        if slot.route is None:
             slot.route = self._choose_route(key, slot)
-        if slot.route != "dense" and slot.rows_on_servers and key in self._prefetch_ids:
-            # the call agreed already; the rows are read (and counted) off the caller's thread
-            self._push_and_prefetch(key, slot, arrays, (None, "agreed"), counted=ids is not None)
-            return
-        if ids is None:
-            ids = local_ids(arrays)   # read once: for α and for the push
-            sparse.count_rows(slot, ids)
         if slot.route == "dense":  # the whole gradient, summed like a dense key's
             target = slot.grad_buffer() if self._updater is not None else slot.value
             self._sum_and_update(key, slot, [a.tostype("default") for a in arrays], target,
@@ -797,7 +740,11 @@ class HybridMPIStore(mx.kv.KVStore):
             slot.rows_on_servers = True
             self._note_rows_at_servers()
             self._memo.clear()   # checked pushpull calls of this key no longer hold
-        if slot.rows_on_servers:
+        if slot.rows_on_servers and key in self._prefetch_ids:
+            self._prefetched[key] = sparse.push_and_prefetch(
+                key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group,
+                self._servers, self._engine, (None, "agreed"))   # the call agreed already
+        elif slot.rows_on_servers:
             sparse.push_to_servers(key, slot, arrays, ids, self.row_group, self._servers)
             self._prefetch_ids.pop(key, None)
         else:
@@ -889,8 +836,6 @@ class HybridMPIStore(mx.kv.KVStore):
     def key_stats(self) -> Dict[Key, Dict[str, object]]:
         """Per row_sparse key pushed so far: rows, pushes, α as this rank saw it (rows
         touched ÷ rows, averaged over its pushes), and the route its gradients take."""
-        if not self._closed:
-            self._settle_rows()   # pushes on their way count their rows there
         return {k: {"name": self._param_names.get(k, str(k)), "rows": s.shape[0],
                     "pushes": s.alpha_steps, "alpha": s.alpha, "route": s.route}
                 for k, s in self._slots.items() if s.alpha_steps}
@@ -949,7 +894,7 @@ class HybridMPIStore(mx.kv.KVStore):
         """Write the rows ``row_ids`` of ``key`` into the row_sparse arrays ``out`` (one
         row_ids array per out, or one for all). With servers this is a call every rank of
         the group makes: the master fetches the union of the group's rows once."""
-        self._open(settle=False)   # its own prefetch first: the others may still be on their way
+        self._open()
 
         def build():
             if out is None or row_ids is None:
@@ -981,7 +926,6 @@ class HybridMPIStore(mx.kv.KVStore):
                     self._rows_from_prefetch(self._prefetched[k], slot, outs, ids)
                 return
             del self._prefetched[key]   # not the ids prefetched (on some rank): the plain pull
-        self._settle_rows()
         if not self.config.num_servers:  # every rank holds every row: nothing to agree on
             try:
                 work = build()[0]
@@ -1044,12 +988,11 @@ class HybridMPIStore(mx.kv.KVStore):
         self._prefetch_ids[key] = unique
 
     def _wait_for_prefetch(self, prefetch: "sparse.Prefetch") -> None:
-        self.flush_prefetches()   # its second half may not be queued yet
         with self.group.watchdog.waiting(lambda: f"the prefetched rows of key {prefetch.key!r}",
                                          collective=False):
             while not prefetch.ready.wait(0.05):
-                self._rows_engine.check()   # its thread failed: the rows will not come
-        self._rows_engine.check()
+                self._engine.check()   # its thread failed: the rows will not come
+        self._engine.check()
 
     def _rows_from_prefetch(self, prefetch: "sparse.Prefetch", slot: KeySlot, outs, ids) -> None:
         self._wait_for_prefetch(prefetch)
@@ -1150,7 +1093,6 @@ class HybridMPIStore(mx.kv.KVStore):
             raise KVHybridError("the optimizer state of keys held by the parameter servers "
                                 "lives there: save it with kvhybrid.save_checkpoint(trainer, "
                                 "folder), which saves the servers' part too")
-        self._open()
         data = self._updater.get_states(dump_optimizer)
         folder = os.path.dirname(os.path.abspath(fname))
         with tempfile.NamedTemporaryFile("wb", dir=folder, delete=False,
@@ -1185,7 +1127,6 @@ class HybridMPIStore(mx.kv.KVStore):
     def barrier(self) -> None:
         """Wait until every rank of every client group has reached this point (and, with
         servers, until this group's pushes have been answered by them)."""
-        self._open()
         with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
             self.group.comm.Barrier()
         if self._cross or self.row_group is not self.group:
@@ -1200,14 +1141,6 @@ class HybridMPIStore(mx.kv.KVStore):
         """Stop the watchdog and drop the store's arrays (idempotent)."""
         if not self._closed:
             self._closed = True
-            if self._engines:   # their operations finish before the threads stop
-                self.flush_prefetches()   # (every rank closes after the same calls)
-                with self.group.watchdog.waiting("this rank's engine-scheduled collectives "
-                                                 "to finish", collective=False):
-                    mx.nd.waitall()
-                for engine in self._engines:   # (queued pushes of rows run: stats count them)
-                    engine.close()
-                    engine.group.close()
             self._write_stats()
             stats = self.key_stats()
             if stats and self.group.rank == 0:
@@ -1215,10 +1148,15 @@ class HybridMPIStore(mx.kv.KVStore):
                     f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "
                     f"{v['pushes']} pushes, route {v['route']}" for k, v in stats.items()))
             self._servers = None  # the process's server link stays for later stores
+            if self._engine is not None:   # its operations finish before the thread stops
+                with self.group.watchdog.waiting("this rank's engine-scheduled collectives "
+                                                 "to finish", collective=False):
+                    mx.nd.waitall()
+                self._engine.close()
+                self._engine.group.close()
             self._shared_grads.clear()
             self._prefetch_ids.clear()
             self._prefetched.clear()
-            self._hand_outs.clear()
             if self.row_group is not self.group:
                 self.row_group.close()
             self.group.close()

@@ -144,4 +144,3 @@ class DistributedTrainer(gluon.Trainer):
             if param._stype == "default":
                 pull_list = param.list_data() if self._update_on_kvstore else grad_list
                 self._kvstore.pull(i, pull_list, priority=-i, ignore_sparse=self._distributed)
-        self._kvstore.flush_prefetches()   # the prefetched rows come while the step ends

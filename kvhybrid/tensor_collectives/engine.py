@@ -135,11 +135,9 @@ class EngineComm:
         self._error_type: type = KVHybridError   # KeyValueError: calls that differ
         #: operations run, for tests and benchmarks
         self.ops_run = 0
-        #: the last TIMELINE operations' timings, when ``record`` is on (benchmarks), and
-        #: the names of every operation and job run (tests: the order the ranks ran them in)
+        #: the last TIMELINE operations' timings, when ``record`` is on (benchmarks)
         self.record = False
         self.timeline: Deque[OpTiming] = collections.deque(maxlen=TIMELINE)
-        self.history: Deque[str] = collections.deque(maxlen=TIMELINE)
         self._ctx = _Context(_CPU, 0)
         self._prop = ctypes.c_int(CPU_PRIORITIZED)
         _COMMS[self.ident] = self
@@ -207,8 +205,6 @@ class EngineComm:
                     begin = time.perf_counter()
                     op.work()
                     self.ops_run += 1
-                    if self.record:
-                        self.history.append(op.name)
                     if self.record and op.done is not None:   # engine operations only
                         self.timeline.append(OpTiming(op.name, op.ready_at, begin,
                                                       time.perf_counter()))
