@@ -73,7 +73,10 @@ def test_models_benchmark_runs_every_system_and_they_take_the_same_steps(tmp_pat
                                "--workers", 2, "--tokens", 10)
     systems = results["lm"]
     assert set(systems) == {"kvhybrid", "kvhybrid all-AR", "kvhybrid all-PS", "dist_sync",
-                            "Horovod"}
+                            "Horovod", "compute only"}
+    alone = systems.pop("compute only")   # the bound: trains alone, so ends elsewhere
+    assert alone["step_seconds"] > 0 and abs(alone["loss"] - systems["kvhybrid"]["loss"]) > 1e-6
+    assert set(alone["phases"]) == {"forward", "backward", "trainer.step", "waitall"}
     losses = [r["loss"] for r in systems.values()]
     assert max(losses) - min(losses) <= 1e-4 * abs(losses[0]), systems
     assert systems["kvhybrid"]["bytes_sent"]["servers"] > 0      # rows went to the servers

@@ -1,6 +1,6 @@
 """The models suite's verdicts (no jobs run): ratios are paired round by round, the
 median decides met or missed, and "the better peer" is the faster one in each round."""
-from kvhybrid.bench.models import Setting, targets_table
+from kvhybrid.bench.models import Setting, miss_profiles, targets_table
 
 
 def run(words_per_second: float, loss: float = 1.0) -> dict:
@@ -48,3 +48,23 @@ def test_four_hosts_get_the_network_targets_and_not_the_two_host_ones():
     assert "| 3.00× (3.00–3.00) | ≥ 2.00× | met" in row(table, f"{net.where}: lm kvhybrid ÷ dist_sync")
     assert "| 6.00× (6.00–6.00) | ≥ 4.00× | met" in row(table, f"{net.where}: lm kvhybrid ÷ Horovod")
     assert "better peer" not in table   # a target of the 2 × 2 shape and of loopback only
+
+
+def test_every_miss_gets_a_profile_with_the_bound_and_the_step_the_target_asks_for():
+    loop = Setting("loopback", 0, 1, rounds(
+        {"lm": {"kvhybrid": 80, "dist_sync": 100, "compute only": 200}}))
+    loop.sweeps = rounds({"10": {"kvhybrid": 50, "dist_sync": 100}})
+    for r in loop.rounds + loop.sweeps:   # step times that match the throughputs
+        for runs in r.values():
+            for x in runs.values():
+                x["step_seconds"] = 1.0 / x["words_per_second"]
+    misses = []
+    table = targets_table([loop], workers=4, misses=misses)
+    assert "**missed**" in row(table, "loopback: lm kvhybrid ÷ dist_sync")
+    assert "**missed**" in row(table, "loopback: lm at 10 words per sample, kvhybrid ÷ dist_sync")
+    text = miss_profiles(misses, loop)
+    assert "### loopback: lm, kvhybrid ÷ dist_sync ≥ 1.00×" in text
+    assert "### loopback: lm at 10 words per sample, kvhybrid ÷ dist_sync ≥ 0.95×" in text
+    # dist_sync's step is 10 ms: the target asks for 10 ms; alone, the processes take 5 ms
+    assert "at most 10.0 ms" in text and "take 5.0 ms a step" in text
+    assert "| compute only (loopback) | 5.0 |" in text

@@ -65,8 +65,9 @@ def make_trainer(system: str, net, lr: float, batch: int):
     if system == "local":
         rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
         size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
-        return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=None), rank, size, \
-            None
+        # MXNet's in-process store (sparse tables need one): nothing leaves the process
+        return gluon.Trainer(net.collect_params(), "sgd", params, kvstore="local"), rank, \
+            size, None
     kv = mx.kv.create("dist_sync")
     params["learning_rate"] = lr / kv.num_workers
     return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=kv), kv.rank, \

@@ -182,9 +182,9 @@ class Setting:
     where: str
     hosts: int
     servers: int
-    rate: str = ""
     rounds: List[Dict[str, Dict[str, dict]]] = field(default_factory=list)
     sweeps: List[Dict[str, Dict[str, dict]]] = field(default_factory=list)
+    rate: str = ""   # the emulated links' (tc's notation); "" on loopback
 
     @property
     def median(self) -> Dict[str, Dict[str, dict]]:
@@ -309,7 +309,8 @@ def targets_table(settings: List[Setting], workers: int,
                   misses: Optional[list] = None) -> str:
     """Every target of the suite, met or missed: ratios as the median over the rounds
     (range), met when the median reaches the target. Throughput targets missed are
-    appended to ``misses`` as (setting, model or words per sample, peer, target)."""
+    appended to ``misses`` as (setting, model, peer, target, words per sample of the α
+    sweep or None)."""
     rows = []
 
     def add(what, values, want, at_least=True, fmt="{:.2f}×", miss=None):
@@ -333,12 +334,12 @@ def targets_table(settings: List[Setting], workers: int,
                       setting.ratios(model, "kvhybrid", peer))
             add(f"{setting.where}: {model} kvhybrid ÷ "
                 f"{'the better peer' if peer == 'better' else peer}", values, want,
-                miss=(setting, model, peer, want))
+                miss=(setting, model, peer, want, None))
         if kind == "loopback":
             for tokens in setting.median_sweep:
                 add(f"{setting.where}: lm at {tokens} words per sample, kvhybrid ÷ dist_sync",
                     setting.ratios(tokens, "kvhybrid", "dist_sync", sweep=True), ALPHA_TARGET,
-                    miss=(setting, tokens, "dist_sync", ALPHA_TARGET))
+                    miss=(setting, "lm", "dist_sync", ALPHA_TARGET, tokens))
     for setting in settings:
         if not setting.hosts:
             continue
@@ -377,17 +378,16 @@ def miss_profiles(misses: list, loop: Optional[Setting]) -> str:
     if not misses:
         return "Every throughput target was met."
     out = []
-    for setting, model, peer, want in misses:
-        sweep = not isinstance(model, str)
-        results = setting.median_sweep[model] if sweep else setting.median[model]
-        name = "lm" if sweep else model
+    for setting, model, peer, want, tokens in misses:
+        sweep = tokens is not None
+        results = setting.median_sweep[tokens] if sweep else setting.median[model]
         if peer == "better":
             peer = max((n for n in ("dist_sync", "Horovod") if n in results),
                        key=lambda n: results[n]["words_per_second"])
         ours, theirs = results["kvhybrid"], results[peer]
-        bound = (loop.median.get(name, {}).get("compute only") if loop else None)
+        bound = (loop.median.get(model, {}).get("compute only") if loop else None)
         need = theirs["step_seconds"] / want   # the same words per step in both
-        title = (f"lm at {model} words per sample" if sweep else model)
+        title = (f"{model} at {tokens} words per sample" if sweep else model)
         out += [f"### {setting.where}: {title}, kvhybrid ÷ {peer} ≥ {want:.2f}×", "",
                 f"The target asks for a kvhybrid step of at most {need * 1e3:.1f} ms."
                 + (f" The same processes computing alone on loopback take "
