@@ -76,15 +76,16 @@ def test_rows_aggregated_per_host_across_two_hosts_train_as_one_process(tmp_path
 
 
 def test_model_suite_one_command_loopback_and_emulated_hosts(tmp_path):
-    """`python -m kvhybrid.bench.models --suite` (shortened): loopback with an α point, then
-    4 emulated hosts; bytes counted on each host's link next to Table 3; every target listed."""
+    """`python -m kvhybrid.bench.models --suite` (shortened to one round): loopback with an α
+    point, 4 emulated hosts, 2 hosts × 2 workers at two rates; bytes counted on each host's
+    link next to Table 3; every target listed."""
     import json
     import sys
     from mpirun import _run_killable
-    cmd = [sys.executable, "-m", "kvhybrid.bench.models", "--suite", "--models", "lm", "--steps",
-           8, "--warmup", 2, "--tokens", 10, "--alpha-tokens", 10, "--systems", "kvhybrid",
-           "kvhybrid host-masters", "dist_sync", "--out", tmp_path]
-    r = _run_killable(list(map(str, cmd)), "the model suite", 400, {})
+    cmd = [sys.executable, "-m", "kvhybrid.bench.models", "--suite", "--rounds", 1, "--models",
+           "lm", "--steps", 8, "--warmup", 2, "--tokens", 10, "--alpha-tokens", 10, "--systems",
+           "kvhybrid", "kvhybrid host-masters", "dist_sync", "--out", tmp_path]
+    r = _run_killable(list(map(str, cmd)), "the model suite", 800, {})
     assert r.returncode == 0, r.output[-4000:]
     net = json.loads((tmp_path / "models_1gbit.json").read_text())["lm"]
     # headers and ids add 3-6 %; over a few timed steps the window's edges may also cut off
@@ -99,6 +100,8 @@ def test_model_suite_one_command_loopback_and_emulated_hosts(tmp_path):
     assert "lm kvhybrid ÷ dist_sync" in targets and "bytes per host ÷ Table 3" in targets
     assert "lm at 10 words per sample" in targets
     assert "4 emulated hosts at 1gbit" in targets and (tmp_path / "models_alpha.png").exists()
+    assert "2 emulated hosts × 2 workers at 100mbit: lm kvhybrid ÷ dist_sync" in targets
+    assert (tmp_path / "models_2x2_1gbit.md").exists() and "## Profiles of" in targets
 
 
 def test_stopping_a_cluster_benchmark_leaves_no_process_and_no_host(tmp_path):

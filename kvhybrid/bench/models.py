@@ -227,8 +227,10 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int]) -> Setting:
             cluster = stack.enter_context(EmulatedCluster(hosts, rate, args.delay))
             hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // hosts)
             args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
-            setting.where = (f"{hosts} emulated hosts × {args.workers // hosts} workers at "
-                             f"{rate}" + (f", {args.delay} latency" if args.delay else ""))
+            per_host = args.workers // hosts
+            setting.where = (f"{hosts} emulated hosts"
+                             + (f" × {per_host} workers" if per_host > 1 else "")
+                             + f" at {rate}" + (f", {args.delay} latency" if args.delay else ""))
         log.info("models: %s, %d workers, %d server(s), %d round(s)", setting.where,
                  args.workers, args.servers, args.rounds)
         for round_ in range(args.rounds):
