@@ -68,3 +68,10 @@ def test_every_miss_gets_a_profile_with_the_bound_and_the_step_the_target_asks_f
     # dist_sync's step is 10 ms: the target asks for 10 ms; alone, the processes take 5 ms
     assert "at most 10.0 ms" in text and "take 5.0 ms a step" in text
     assert "| compute only (loopback) | 5.0 |" in text
+
+
+def test_with_an_even_number_of_rounds_the_verdict_uses_the_median_it_prints():
+    loop = Setting("loopback", 0, 1, rounds(
+        {"lm": {"kvhybrid": 90, "dist_sync": 100}}, {"lm": {"kvhybrid": 120, "dist_sync": 100}}))
+    assert row(targets_table([loop], workers=4), "loopback: lm kvhybrid ÷ dist_sync") == \
+        "| loopback: lm kvhybrid ÷ dist_sync | 1.05× (0.90–1.20) | ≥ 1.00× | met |"

@@ -25,6 +25,7 @@ from mxnet import autograd, gluon
 import kvhybrid
 from . import model_zoo
 from .model_zoo import MODELS
+from ..tensor_collectives.mpi_env import load_mpi
 from .wire import interface_bytes
 
 SYSTEMS = ("hybrid", "dist_sync", "horovod", "local")
@@ -63,11 +64,10 @@ def make_trainer(system: str, net, lr: float, batch: int):
         return kvhybrid.DistributedTrainer(net.collect_params(), "sgd", params, kvstore=kv), \
             kv.rank, kv.num_workers, kv
     if system == "local":
-        rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
-        size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
+        world = load_mpi(allow_singleton=True).COMM_WORLD   # only for rank and size
         # MXNet's in-process store (sparse tables need one): nothing leaves the process
-        return gluon.Trainer(net.collect_params(), "sgd", params, kvstore="local"), rank, \
-            size, None
+        return gluon.Trainer(net.collect_params(), "sgd", params, kvstore="local"), \
+            world.rank, world.size, None
     kv = mx.kv.create("dist_sync")
     params["learning_rate"] = lr / kv.num_workers
     return gluon.Trainer(net.collect_params(), "sgd", params, kvstore=kv), kv.rank, \

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import signal
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -318,7 +319,7 @@ def targets_table(settings: List[Setting], workers: int,
     def add(what, values, want, at_least=True, fmt="{:.2f}×", miss=None):
         if not values:
             return
-        median = sorted(values)[(len(values) - 1) // 2]
+        median = statistics.median(values)   # the figure ratio_cell prints
         ok = median >= want if at_least else median <= want
         got = (ratio_cell(values) if fmt == "{:.2f}×" else
                f"{fmt.format(median)} ({fmt.format(min(values))}–{fmt.format(max(values))})")
