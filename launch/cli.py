@@ -3,6 +3,7 @@
     kvhybrid-launch -n 4 python train.py                           # pure MPI: one mpirun
     kvhybrid-launch -n 4 --clients 2 --servers 2 python train.py   # 2 groups of 2 + 2 servers
     kvhybrid-launch -n 8 --clients 2 --servers 2 --hostfile hosts --launcher ssh python train.py
+    kvhybrid-launch --clients 2 --servers 2 --launcher slurm python train.py   # in salloc/sbatch
 
 Prints the sizing table before starting anything, prefixes every output line
 with the process it came from, stops the whole job within seconds when any
@@ -22,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import tune
+from . import slurm, tune
 from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
 from .mpirun import DEFAULT_ENV, MpiJob, build_command, find_mpirun, flavour, job_env
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
 from .supervisor import Supervisor
-from .transport import TRANSPORTS, address, free_port, listening, wrap
+from .transport import TRANSPORTS, address, check_ssh, free_port, listening, wrap
 
 log = logging.getLogger("kvhybrid.launch")
 
@@ -43,8 +44,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
         prog="kvhybrid-launch", description=__doc__.split("\n\n")[0],
         epilog="Set for every process unless already set: "
                + ", ".join(f"{k}={v}" for k, v in DEFAULT_ENV.items()))
-    p.add_argument("-n", "--num-workers", type=int, required=True, metavar="N",
-                   help="number of worker processes (MPI ranks, all client groups together)")
+    p.add_argument("-n", "--num-workers", type=int, metavar="N",
+                   help="number of worker processes (MPI ranks, all client groups together); "
+                        "with --launcher slurm, default: the allocation's tasks")
     p.add_argument("--clients", type=int, help="client groups (default 1; with --auto: hosts)")
     p.add_argument("-s", "--servers", type=int,
                    help="parameter servers (default 0 = pure MPI; with --auto: hosts if --sparse)")
@@ -59,8 +61,11 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:4,node2:4 (default: this machine)")
     p.add_argument("--hostfile", help="an MPI hostfile ('host slots=N' lines)")
     p.add_argument("--launcher", default="local", choices=TRANSPORTS,
-                   help="how processes reach their hosts: local, ssh, or netns (host names are "
-                        "network namespaces on this machine)")
+                   help="how processes reach their hosts: local, ssh (password-less ssh to each "
+                        "host, a file system shared by all), slurm (inside salloc/sbatch: the "
+                        "allocation's nodes and tasks unless -H is given, processes started "
+                        "with srun), or netns (host names are network namespaces on this "
+                        "machine)")
     p.add_argument("--interface", metavar="IF",
                    help="network interface the scheduler, servers and masters advertise and "
                         "connect over (default: loopback for a local run, else the host's "
@@ -84,6 +89,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the table and commands, start nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, e.g. python train.py")
     args = p.parse_args(argv)
+    if args.num_workers is None and args.launcher != "slurm":
+        p.error("the following arguments are required: -n/--num-workers")
     if args.hosts and args.hostfile:
         p.error("give either -H/--hosts or --hostfile, not both")
     if args.hostfile and not os.path.isfile(args.hostfile):
@@ -109,8 +116,16 @@ def make_plan(args) -> JobPlan:
         hosts = parse_host_list(args.hosts)
     elif args.hostfile:
         hosts = parse_hostfile(args.hostfile)
+    elif args.launcher == "slurm":
+        hosts = slurm.allocation_hosts(os.environ)
     else:
         hosts = local_hosts(args.num_workers)
+    if args.launcher == "slurm":
+        slurm.find_srun()
+        if args.hosts or args.hostfile:
+            slurm.check_hosts_in_allocation(hosts, os.environ)
+        if args.num_workers is None:
+            args.num_workers = sum(h.slots for h in hosts)
     # the store's own parser: a bad value is refused here, naming the variable, not in every rank
     from kvhybrid.config import StoreConfig
     emulate = StoreConfig.from_env({"KVHYBRID_EMULATE_NODE_SIZE": os.environ.get(
@@ -193,6 +208,9 @@ class Job:
         extra = list(self.mpi_args)
         if self.transport == "netns" and len(c.ranks) > 1 and self.mpi_kind == "openmpi":
             extra = netns_mpi_args() + extra
+        if self.transport == "slurm":
+            hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
+            extra = slurm.mpirun_args(self.mpi_kind) + extra
         if self.mpi_kind == "openmpi" and len(self.plan.clients) > 1:
             # mpiruns started together race to create the same session directory in /tmp
             # ("mkdir ... File exists"): give each group its own.
@@ -280,9 +298,13 @@ def build_job(args, plan: JobPlan) -> "Job":
         raise SizingError("--restarts restarts a failed client group while the others train "
                           "on, which needs parameter servers between the groups (an "
                           "asynchronous or elastic store): add --servers, or drop --restarts")
+    if args.launcher == "ssh" and not args.dry_run:
+        check_ssh(h.name for h in plan.spec.hosts)
     job = Job(plan, args.command, shlex.split(args.mpi_args), args.interface,
               tune_mpi=not args.no_mpi_tuning, restarts=args.restarts)
-    job.port = free_port(args.launcher, plan.scheduler_host) if plan.num_servers else None
+    # a dry run contacts no host: its port (shown, not used) is one free here
+    where = "local" if args.dry_run and args.launcher in ("ssh", "slurm") else args.launcher
+    job.port = free_port(where, plan.scheduler_host) if plan.num_servers else None
     return job
 
 

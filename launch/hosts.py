@@ -16,7 +16,12 @@ class Host:
 
     @property
     def is_local(self) -> bool:
-        return self.name in LOCAL_NAMES or self.name in (socket.gethostname(), socket.getfqdn())
+        return is_local_name(self.name)
+
+
+def is_local_name(name: str) -> bool:
+    """Whether ``name`` is this machine (loopback or its own host name)."""
+    return name in LOCAL_NAMES or name in (socket.gethostname(), socket.getfqdn())
 
 
 class HostError(ValueError):

@@ -102,8 +102,6 @@ def plan_job(spec: JobSpec) -> JobPlan:
         if remote:
             raise SizingError(f"host {remote[0]!r} is not this machine and --launcher local cannot "
                               "reach it: use --launcher ssh")
-    elif spec.launcher == "slurm":
-        raise SizingError("--launcher slurm is not supported yet: use local, ssh or netns")
     per_client = n // clients
     if sum(h.slots for h in hosts) < n and not (len(hosts) == 1 and hosts[0].is_local):
         raise SizingError(f"the hosts have {sum(h.slots for h in hosts)} slots for {n} workers: "

@@ -127,7 +127,8 @@ class Supervisor:
         for line in popen.stdout:
             # mpirun --tag-output tags every write; an unbuffered print() writes its newline
             # separately, which leaves bare tags behind: drop them.
-            line = _BARE_TAG.sub("", line.rstrip("\n"))
+            # (ssh -tt hands lines over a pseudo-terminal, which ends them with "\r\n")
+            line = _BARE_TAG.sub("", line.rstrip("\r\n"))
             if not line:
                 continue
             line += "\n"
@@ -177,6 +178,9 @@ class Supervisor:
 
     def _fail(self, proc: Managed, rc: int) -> int:
         how = f"was killed by signal {-rc}" if rc < 0 else f"exited with code {rc}"
+        if rc == 255 and proc.cmd[:1] == ["ssh"]:
+            how += " (ssh's own code: the remote process was killed by a signal, or the " \
+                   "connection to its host was lost)"
         time.sleep(0.3)  # let its last lines arrive
         tail = "\n".join(f"    {line}" for line in list(proc.tail)[-15:]) or "    (no output)"
         log.error("%s on %s (pid %d) %s; stopping the job. Its last output:\n%s",

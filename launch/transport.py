@@ -1,35 +1,59 @@
 """How a command reaches a host: here, over ssh, or inside a network namespace.
 
-``netns`` treats each host name as a Linux network namespace on this machine
-(``ip netns exec NAME ...``): several emulated hosts, each with its own
-interfaces and addresses, for testing a multi-host job on one machine.
+``ssh`` runs a command on a host with ``ssh -tt`` in the same directory (a file
+system shared by the hosts, as on a cluster), handing it the job's settings on
+the remote command line of ``env``; the pseudo-terminal makes the remote process
+get SIGHUP, and end, when the launcher stops its ssh. ``netns`` treats each host
+name as a Linux network namespace on this machine (``ip netns exec NAME ...``):
+several emulated hosts, each with its own interfaces and addresses, for testing
+a multi-host job on one machine.
 """
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import subprocess
-from typing import Dict, List, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, Iterable, List, Optional
+
+from . import slurm
+from .hosts import HostError, is_local_name
 
 TRANSPORTS = ("local", "ssh", "netns", "slurm")
+
+#: every ssh the launcher runs: never ask for a password (a prompt nobody sees would hang
+#: the job), give up on a host that does not answer
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+#: seconds the pre-flight check gives every host to run ``true`` over ssh
+SSH_CHECK_TIMEOUT = 20
+#: variables a remote process gets from the launcher's environment (a remote shell starts
+#: with sshd's, not the launcher's); the same families mpirun forwards to its ranks
+REMOTE_PREFIXES = ("KVHYBRID_", "MXNET_", "OMP_", "DMLC_", "PS_", "PYTHON", "GLIBC_TUNABLES",
+                   "LD_LIBRARY_PATH", "PATH", "VIRTUAL_ENV")
 
 
 def wrap(transport: str, host: str, cmd: List[str], env: Dict[str, str],
          base_env: Dict[str, str]) -> List[str]:
     """The command line that runs ``cmd`` on ``host`` with ``env`` added to its environment."""
-    if transport == "local":
+    if transport == "local" or (transport == "ssh" and is_local_name(host)):
         return cmd
+    if transport == "ssh":
+        remote_env = {k: v for k, v in base_env.items() if k.startswith(REMOTE_PREFIXES)}
+        remote_env.update(env)
+        assign = [f"{k}={v}" for k, v in sorted(remote_env.items())]
+        remote = f"cd {shlex.quote(os.getcwd())} && exec env " \
+                 + " ".join(map(shlex.quote, assign + list(cmd)))
+        return ["ssh", *SSH_OPTIONS, "-tt", host, remote]
+    if transport == "slurm":   # srun hands the step the launcher's environment
+        return slurm.srun_prefix(host) + list(cmd)
     assign = [f"{k}={v}" for k, v in sorted(env.items()) if base_env.get(k) != v]
     if transport == "netns":
         # its own hostname too (a UTS namespace), as a real host has: Open MPI names its
         # shared-memory files by hostname, and emulated hosts sharing one would collide
         return ["ip", "netns", "exec", host, "unshare", "--uts", "--", "sh", "-c",
                 'hostname "$0" && exec "$@"', host, "env", *assign, *cmd]
-    if transport == "ssh":
-        remote = f"cd {shlex.quote(os.getcwd())} && env {' '.join(map(shlex.quote, assign))} " \
-                 + " ".join(map(shlex.quote, cmd))
-        return ["ssh", "-o", "BatchMode=yes", "-tt", host, remote]
     raise ValueError(f"unknown transport {transport!r}")
 
 
@@ -85,12 +109,47 @@ def listening(pid: int, transport: str, addr: str, port: int) -> bool:
 
 
 def free_port(transport: str, host: str) -> int:
-    """A port that was free a moment ago (the scheduler is restarted on a collision)."""
-    if transport == "netns":
+    """A port that was free a moment ago on ``host`` (the scheduler is restarted on a
+    collision)."""
+    if transport in ("netns", "ssh", "slurm") and not is_local_name(host):
         code = "import socket; s=socket.socket(); s.bind(('',0)); print(s.getsockname()[1])"
-        out = subprocess.run(["ip", "netns", "exec", host, "python3", "-c", code],
-                             capture_output=True, text=True, timeout=10)
+        cmd = {"netns": ["ip", "netns", "exec", host, "python3", "-c", code],
+               "ssh": ["ssh", *SSH_OPTIONS, host, f"python3 -c {shlex.quote(code)}"],
+               "slurm": slurm.srun_prefix(host) + ["python3", "-c", code]}[transport]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SSH_CHECK_TIMEOUT)
+        if out.returncode != 0 or not out.stdout.strip().isdigit():
+            raise HostError(f"host {host!r}: cannot find a free port for the scheduler "
+                            f"(`python3` there failed: {_last_line(out.stderr)})")
         return int(out.stdout.strip())
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def check_ssh(hosts: Iterable[str]) -> None:
+    """Fail before anything starts unless every remote host runs ``true`` over ssh
+    without a password; the error names the first host that does not, with ssh's reason."""
+    if shutil.which("ssh") is None:
+        raise HostError("--launcher ssh needs the ssh client on this machine's PATH: "
+                        "install it (apt-get install openssh-client)")
+    remote = sorted({h for h in hosts if not is_local_name(h)})
+
+    def probe(host: str) -> Optional[str]:
+        try:
+            r = subprocess.run(["ssh", *SSH_OPTIONS, host, "true"], capture_output=True,
+                               text=True, stdin=subprocess.DEVNULL, timeout=SSH_CHECK_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return f"no answer in {SSH_CHECK_TIMEOUT} s"
+        return None if r.returncode == 0 else _last_line(r.stderr)
+
+    with ThreadPoolExecutor(max_workers=min(16, len(remote) or 1)) as pool:
+        for host, why in zip(remote, pool.map(probe, remote)):
+            if why is not None:
+                raise HostError(f"host {host!r} cannot be reached over ssh ({why}): check the "
+                                f"name, that sshd runs there and that `ssh {host} true` works "
+                                "without a password")

@@ -75,9 +75,17 @@ def run_python(code: str, timeout: float = 60, env: Optional[Dict[str, str]] = N
     return JobResult(proc.returncode, proc.stdout, time.monotonic() - start)
 
 
+def launcher_command(launcher_args: Sequence[str], script: str, args: Sequence[str] = ()) -> list:
+    """``kvhybrid-launch LAUNCHER_ARGS python SCRIPT ARGS``, SCRIPT under tests/workers
+    unless it is an absolute path."""
+    return [sys.executable, "-m", "kvhybrid.launch.cli", *map(str, launcher_args),
+            "python", str(WORKERS / script), *map(str, args)]
+
+
 def run_launcher(launcher_args: Sequence[str], script: str, args: Sequence[str] = (),
-                 timeout: float = 240, env: Optional[Dict[str, str]] = None) -> JobResult:
-    """Run ``kvhybrid-launch LAUNCHER_ARGS python tests/workers/<script> ARGS``."""
-    cmd = [sys.executable, "-m", "kvhybrid.launch.cli", *map(str, launcher_args),
-           "python", str(WORKERS / script), *map(str, args)]
+                 timeout: float = 240, env: Optional[Dict[str, str]] = None,
+                 via: Sequence[str] = ()) -> JobResult:
+    """Run ``kvhybrid-launch LAUNCHER_ARGS python tests/workers/<script> ARGS``, prefixed by
+    ``via`` (e.g. ``ip netns exec HOST``: the launcher on an emulated machine)."""
+    cmd = [*via, *launcher_command(launcher_args, script, args)]
     return _run_killable(cmd, f"kvhybrid-launch {list(launcher_args)} {script}", timeout, env)

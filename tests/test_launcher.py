@@ -70,7 +70,6 @@ def test_sizing_pure_mpi_and_auto():
     (dict(n=4, clients=2, servers=0), "--clients 2 needs --servers >= 1"),
     (dict(n=4, clients=2, servers=2, hosts=(("far-away", 4),)), "--launcher local cannot reach it"),
     (dict(n=8, clients=2, servers=1, hosts=(("a", 2), ("b", 2)), launcher="ssh"), "4 slots for 8"),
-    (dict(n=4, clients=1, servers=1, launcher="slurm"), "slurm is not supported yet"),
 ])
 def test_sizing_errors_say_what_would_work(kwargs, message):
     with pytest.raises(SizingError, match="") as err:
@@ -129,7 +128,7 @@ def test_interface_names_the_address_processes_advertise():
     (["-n", 2, "--clients", 4, "--servers", 1], "more than the 2 workers"),
     (["-n", 4, "--clients", 2, "--servers", 2, "-H", "unreachable-host:4"], "use --launcher ssh"),
     (["-n", 2, "--launcher", "carrier-pigeon"], "invalid choice: 'carrier-pigeon'"),
-    (["-n", 2, "--launcher", "slurm"], "slurm is not supported yet"),
+    (["-n", 2, "--launcher", "slurm"], "SLURM_JOB_NODELIST is not set"),
     (["-n", 0], "-n must be at least 1"),
     (["-n", 4, "--clients", 2, "--servers", 1, "--row-masters", "host"], "use it with --clients 1"),
     (["-n", 4, "--row-masters", "host"], "--servers >= 1"),

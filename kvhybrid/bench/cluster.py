@@ -49,7 +49,7 @@ def _tc(ns: str, dev: str, rate: str, delay: Optional[str]) -> None:
 
 
 class EmulatedCluster:
-    def __init__(self, hosts: int = 4, rate: str = "1gbit", delay: Optional[str] = None,
+    def __init__(self, hosts: int = 4, rate: Optional[str] = "1gbit", delay: Optional[str] = None,
                  prefix: str = "kvc"):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
@@ -79,13 +79,14 @@ class EmulatedCluster:
                 _ip("link", "set", host_end, "up", ns=name)
                 _ip("link", "set", switch_end, "master", "br0", ns=self.switch)
                 _ip("link", "set", switch_end, "up", ns=self.switch)
-                _tc(name, host_end, self.rate, self.delay)          # host -> switch
-                _tc(self.switch, switch_end, self.rate, self.delay)  # switch -> host
+                if self.rate:   # None: links as fast as the veth pairs
+                    _tc(name, host_end, self.rate, self.delay)          # host -> switch
+                    _tc(self.switch, switch_end, self.rate, self.delay)  # switch -> host
         except Exception:
             self.close()
             raise
         log.info("cluster: %d hosts (%s) at %s%s", len(self.names), ", ".join(self.names),
-                 self.rate, f", {self.delay} latency" if self.delay else "")
+                 self.rate or "full speed", f", {self.delay} latency" if self.delay else "")
         return self
 
     def _on_term(self, signum, frame) -> None:
