@@ -92,3 +92,17 @@ def test_the_job_is_sized_from_the_allocation(tmp_path):
 def test_bad_slurm_input_exits_2_naming_the_cause(tmp_path, env, args, message):
     r = _dry_run(tmp_path, env, *args)
     assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("launcher,env,message", [
+    ("slurm", SALLOC, "--launcher slurm needs srun on PATH"),
+    ("ssh", {}, "--launcher ssh needs the ssh client"),
+])
+def test_a_missing_srun_or_ssh_is_named_before_anything_starts(launcher, env, message):
+    full = {k: v for k, v in job_env().items() if not k.startswith("SLURM_")}
+    full.update({**env, "PATH": "/nonexistent"})
+    r = subprocess.run([sys.executable, "-m", "kvhybrid.launch.cli", "--launcher", launcher,
+                        "-H", "node1:2", "-n", "2", sys.executable, "examples/train_mlp.py"],
+                       capture_output=True, text=True, timeout=120, env=full, cwd=ROOT)
+    assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
+    assert "started" not in r.stdout + r.stderr

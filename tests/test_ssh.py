@@ -128,10 +128,11 @@ def test_a_killed_remote_server_ends_the_job_naming_it(machines):
                           if os.path.exists(f"/proc/{p}")] for h, pids in left.items()}
 
 
-@pytest.mark.parametrize("which", ["unknown name", "no machine at its address"])
+@pytest.mark.parametrize("which", ["unknown name", "no machine at its address", "no sshd there"])
 def test_an_unreachable_host_fails_fast_with_one_line_naming_it(machines, which):
     a = machines.hosts[0]
-    bad = "nosuchhost" if which == "unknown name" else machines.ghost
+    bad = {"unknown name": "nosuchhost", "no machine at its address": machines.ghost,
+           "no sshd there": machines.login}[which]
     start = time.monotonic()
     r = subprocess.run(machines.on_login([sys.executable, "-m", "kvhybrid.launch.cli",
                                           "--launcher", "ssh", "-H", f"{a}:2,{bad}:2",
