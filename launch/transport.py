@@ -1,9 +1,11 @@
-"""How a command reaches a host: here, over ssh, or inside a network namespace.
+"""How a command reaches a host: here, over ssh, as a Slurm job step, or inside a network
+namespace.
 
 ``ssh`` runs a command on a host with ``ssh -tt`` in the same directory (a file
 system shared by the hosts, as on a cluster), handing it the job's settings on
 the remote command line of ``env``; the pseudo-terminal makes the remote process
-get SIGHUP, and end, when the launcher stops its ssh. ``netns`` treats each host
+get SIGHUP, and end, when the launcher stops its ssh. ``slurm`` starts it with
+``srun`` on a node of the allocation (``slurm.py``). ``netns`` treats each host
 name as a Linux network namespace on this machine (``ip netns exec NAME ...``):
 several emulated hosts, each with its own interfaces and addresses, for testing
 a multi-host job on one machine.
