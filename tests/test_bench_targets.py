@@ -75,3 +75,20 @@ def test_with_an_even_number_of_rounds_the_verdict_uses_the_median_it_prints():
         {"lm": {"kvhybrid": 90, "dist_sync": 100}}, {"lm": {"kvhybrid": 120, "dist_sync": 100}}))
     assert row(targets_table([loop], workers=4), "loopback: lm kvhybrid ÷ dist_sync") == \
         "| loopback: lm kvhybrid ÷ dist_sync | 1.05× (0.90–1.20) | ≥ 1.00× | met |"
+
+
+def test_a_resumed_suite_reads_back_the_settings_it_wrote(tmp_path):
+    """--resume keeps a setting from its NAME_rounds.json, written with or without the
+    setting's name (files of earlier runs carry only the rounds): same verdicts."""
+    import json
+    from kvhybrid.bench.models import load_setting, setting_name
+    net = Setting(setting_name(2, "100mbit", 4), 2, 2, rounds(
+        {"lm": {"kvhybrid": 150, "dist_sync": 100, "Horovod": 10}}))
+    assert net.where == "2 emulated hosts × 2 workers at 100mbit"
+    for saved in ({"where": net.where, "servers": 2, "rounds": net.rounds, "sweeps": []},
+                  {"rounds": net.rounds, "sweeps": []}):
+        path = tmp_path / "models_2x2_100mbit_rounds.json"
+        path.write_text(json.dumps(saved))
+        kept = load_setting(path, hosts=2, rate="100mbit", servers=2, workers=4)
+        assert (kept.where, kept.hosts, kept.servers, kept.rate) == (net.where, 2, 2, "100mbit")
+        assert targets_table([kept], workers=4) == targets_table([net], workers=4)

@@ -210,6 +210,24 @@ def _median_run(runs: List[dict]) -> dict:
     return sorted(runs, key=lambda r: r["words_per_second"])[(len(runs) - 1) // 2]
 
 
+def setting_name(hosts: int, rate: str, workers: int, delay: Optional[str] = None) -> str:
+    """A setting's name in the tables: loopback, or its emulated hosts and links."""
+    if not hosts:
+        return "loopback"
+    per_host = workers // hosts
+    return (f"{hosts} emulated hosts" + (f" × {per_host} workers" if per_host > 1 else "")
+            + f" at {rate}" + (f", {delay} latency" if delay else ""))
+
+
+def load_setting(path: Path, hosts: int, rate: str, servers: int, workers: int,
+                 delay: Optional[str] = None) -> Setting:
+    """A setting measured earlier, from the ``NAME_rounds.json`` its run wrote."""
+    saved = json.loads(Path(path).read_text())
+    return Setting(where=saved.get("where") or setting_name(hosts, rate, workers, delay),
+                   hosts=hosts, servers=saved.get("servers", servers), rounds=saved["rounds"],
+                   sweeps=saved.get("sweeps", []), rate=rate if hosts else "")
+
+
 def measure(args, hosts: int, rate: str, alpha_tokens: List[int]) -> Setting:
     """Every model under every system (and the α sweep) in one setting, ``args.rounds``
     times with the systems' order alternated: loopback (``hosts`` 0) or ``hosts`` emulated
@@ -219,8 +237,8 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int]) -> Setting:
     args.servers = args.servers_wanted or hosts or 1
     systems = [n for n in (args.systems or [n for n in SYSTEMS if n not in SYSTEM_ENV])
                if (n != "kvhybrid host-masters" or hosts) and (n != "compute only" or not hosts)]
-    setting = Setting(where="loopback", hosts=hosts, servers=args.servers,
-                      rate=rate if hosts else "")
+    setting = Setting(where=setting_name(hosts, rate, args.workers, args.delay), hosts=hosts,
+                      servers=args.servers, rate=rate if hosts else "")
     with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
             contextlib.ExitStack() as stack:
         args.launcher_args = []
@@ -228,10 +246,6 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int]) -> Setting:
             cluster = stack.enter_context(EmulatedCluster(hosts, rate, args.delay))
             hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // hosts)
             args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
-            per_host = args.workers // hosts
-            setting.where = (f"{hosts} emulated hosts"
-                             + (f" × {per_host} workers" if per_host > 1 else "")
-                             + f" at {rate}" + (f", {args.delay} latency" if args.delay else ""))
         log.info("models: %s, %d workers, %d server(s), %d round(s)", setting.where,
                  args.workers, args.servers, args.rounds)
         for round_ in range(args.rounds):
@@ -262,7 +276,8 @@ def write_setting(args, name: str, setting: Setting) -> None:
         *footer("models")]) + "\n"
     write_outputs(args.out, name, table, results, plot)
     (Path(args.out) / f"{name}_rounds.json").write_text(json.dumps(
-        {"rounds": setting.rounds, "sweeps": setting.sweeps}))
+        {"where": setting.where, "servers": setting.servers, "rounds": setting.rounds,
+         "sweeps": setting.sweeps}))
     if sweep:
         lines = [f"# LM-like, {setting.where}: kvhybrid and dist_sync against α", "",
                  "| words per sample | kvhybrid words/s | dist_sync words/s | kvhybrid ÷ dist_sync |",
@@ -469,6 +484,9 @@ def main(argv=None) -> None:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="models", help="file names: NAME.md, NAME.json, NAME.png")
+    p.add_argument("--resume", action="store_true",
+                   help="with --suite: keep each setting whose NAME*_rounds.json in --out already "
+                        "holds --rounds rounds (a suite stopped part way goes on where it stopped)")
     args = p.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: the running job is stopped, the emulated hosts deleted
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -476,6 +494,8 @@ def main(argv=None) -> None:
         args.rounds = 3 if args.suite else 1
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.resume and not args.suite:
+        p.error("--resume goes on with a suite: add --suite")
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     hosts = args.hosts
@@ -493,6 +513,15 @@ def main(argv=None) -> None:
             (2, "1gbit", [], "_2x2_1gbit"), (2, "100mbit", [], "_2x2_100mbit")]
     settings = []
     for i, (hosts, rate, sweep, suffix) in enumerate(plan):
+        saved = Path(args.out) / f"{args.name}{suffix}_rounds.json"
+        if args.resume and saved.exists():
+            kept = load_setting(saved, hosts, rate, args.servers_wanted or hosts or 1,
+                                args.workers, args.delay)
+            if len(kept.rounds) == args.rounds:
+                log.info("models: suite, setting %d of %d: %s, kept from %s", i + 1, len(plan),
+                         kept.where, saved)
+                settings.append(kept)
+                continue
         log.info("models: suite, setting %d of %d", i + 1, len(plan))
         settings.append(measure(args, hosts, rate, sweep))
         write_setting(args, args.name + suffix, settings[-1])
