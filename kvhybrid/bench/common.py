@@ -71,9 +71,10 @@ def ratio_cell(values: Sequence[float]) -> str:
 def footer(module: str) -> List[str]:
     """The lines that end every table: the command that reproduces it, and the machine."""
     import os
+    import shlex
     import socket
     import sys
-    return [f"Command: `python -m kvhybrid.bench.{module} {' '.join(sys.argv[1:])}`",
+    return [f"Command: `python -m kvhybrid.bench.{module} {shlex.join(sys.argv[1:])}`",
             f"Machine: {os.cpu_count()} cores, {socket.gethostname()}."]
 
 

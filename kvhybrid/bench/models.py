@@ -272,7 +272,7 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "one fixed batch after the run (synchronous systems take the same steps). MB: what "
         "kvhybrid handed to MPI collectives and pushed to the servers, per worker and step "
         "(pulls not counted).", "",
-        bytes_table(results, setting.where), "",
+        *([bytes_table(results, setting.where), ""] if setting.hosts else []),
         *footer("models")]) + "\n"
     write_outputs(args.out, name, table, results, plot)
     (Path(args.out) / f"{name}_rounds.json").write_text(json.dumps(
@@ -521,6 +521,7 @@ def main(argv=None) -> None:
                 log.info("models: suite, setting %d of %d: %s, kept from %s", i + 1, len(plan),
                          kept.where, saved)
                 settings.append(kept)
+                write_setting(args, args.name + suffix, kept)   # its tables as this code writes them
                 continue
         log.info("models: suite, setting %d of %d", i + 1, len(plan))
         settings.append(measure(args, hosts, rate, sweep))
