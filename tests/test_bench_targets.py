@@ -92,3 +92,26 @@ def test_a_resumed_suite_reads_back_the_settings_it_wrote(tmp_path):
         kept = load_setting(path, hosts=2, rate="100mbit", servers=2, workers=4)
         assert (kept.where, kept.hosts, kept.servers, kept.rate) == (net.where, 2, 2, "100mbit")
         assert targets_table([kept], workers=4) == targets_table([net], workers=4)
+
+
+def test_targets_only_writes_the_verdicts_of_the_settings_measured_and_names_the_rest(tmp_path):
+    import json
+    from kvhybrid.bench.models import main
+    net = rounds({"lm": {"kvhybrid": 90, "dist_sync": 100, "Horovod": 10}},
+                 {"lm": {"kvhybrid": 160, "dist_sync": 100, "Horovod": 10}},
+                 {"lm": {"kvhybrid": 150, "dist_sync": 100, "Horovod": 10}})
+    for r in net:
+        for x in r["lm"].values():
+            x["table3_per_host"] = 0.6
+    (tmp_path / "models_2x2_100mbit_rounds.json").write_text(json.dumps(
+        {"rounds": net, "sweeps": [], "command": ["--suite", "--models", "lm"]}))
+    main(["--suite", "--targets-only", "--models", "lm", "--out", str(tmp_path)])
+    text = (tmp_path / "models_targets.md").read_text()
+    assert "**Not measured yet:** loopback, 4 emulated hosts at 1gbit, 2 emulated hosts × 2 " \
+           "workers at 1gbit (`--suite --resume` measures them)" in text
+    where = "2 emulated hosts × 2 workers at 100mbit"
+    assert row(text, f"{where}: lm kvhybrid ÷ dist_sync") == \
+        f"| {where}: lm kvhybrid ÷ dist_sync | 1.50× (0.90–1.60) | ≥ 1.50× | met |"
+    # the kept setting's tables name the run that measured it
+    assert "Command: `python -m kvhybrid.bench.models --suite --models lm`" in \
+        (tmp_path / "models_2x2_100mbit.md").read_text()

@@ -68,13 +68,15 @@ def ratio_cell(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
 
 
-def footer(module: str) -> List[str]:
-    """The lines that end every table: the command that reproduces it, and the machine."""
+def footer(module: str, argv: Optional[List[str]] = None) -> List[str]:
+    """The lines that end every table: the command that reproduces it (this process's, or
+    ``argv``: that of the run that measured it), and the machine."""
     import os
     import shlex
     import socket
     import sys
-    return [f"Command: `python -m kvhybrid.bench.{module} {shlex.join(sys.argv[1:])}`",
+    argv = sys.argv[1:] if argv is None else argv
+    return [f"Command: `python -m kvhybrid.bench.{module} {shlex.join(argv)}`",
             f"Machine: {os.cpu_count()} cores, {socket.gethostname()}."]
 
 

@@ -186,6 +186,8 @@ class Setting:
     rounds: List[Dict[str, Dict[str, dict]]] = field(default_factory=list)
     sweeps: List[Dict[str, Dict[str, dict]]] = field(default_factory=list)
     rate: str = ""   # the emulated links' (tc's notation); "" on loopback
+    #: the arguments of the run that measured it (``python -m kvhybrid.bench.models ...``)
+    command: List[str] = field(default_factory=list)
 
     @property
     def median(self) -> Dict[str, Dict[str, dict]]:
@@ -225,7 +227,8 @@ def load_setting(path: Path, hosts: int, rate: str, servers: int, workers: int,
     saved = json.loads(Path(path).read_text())
     return Setting(where=saved.get("where") or setting_name(hosts, rate, workers, delay),
                    hosts=hosts, servers=saved.get("servers", servers), rounds=saved["rounds"],
-                   sweeps=saved.get("sweeps", []), rate=rate if hosts else "")
+                   sweeps=saved.get("sweeps", []), rate=rate if hosts else "",
+                   command=saved.get("command", []))
 
 
 def measure(args, hosts: int, rate: str, alpha_tokens: List[int]) -> Setting:
@@ -238,7 +241,7 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int]) -> Setting:
     systems = [n for n in (args.systems or [n for n in SYSTEMS if n not in SYSTEM_ENV])
                if (n != "kvhybrid host-masters" or hosts) and (n != "compute only" or not hosts)]
     setting = Setting(where=setting_name(hosts, rate, args.workers, args.delay), hosts=hosts,
-                      servers=args.servers, rate=rate if hosts else "")
+                      servers=args.servers, rate=rate if hosts else "", command=sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
             contextlib.ExitStack() as stack:
         args.launcher_args = []
@@ -273,11 +276,11 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "kvhybrid handed to MPI collectives and pushed to the servers, per worker and step "
         "(pulls not counted).", "",
         *([bytes_table(results, setting.where), ""] if setting.hosts else []),
-        *footer("models")]) + "\n"
+        *footer("models", setting.command or None)]) + "\n"
     write_outputs(args.out, name, table, results, plot)
     (Path(args.out) / f"{name}_rounds.json").write_text(json.dumps(
-        {"where": setting.where, "servers": setting.servers, "rounds": setting.rounds,
-         "sweeps": setting.sweeps}))
+        {"where": setting.where, "servers": setting.servers, "command": setting.command,
+         "rounds": setting.rounds, "sweeps": setting.sweeps}))
     if sweep:
         lines = [f"# LM-like, {setting.where}: kvhybrid and dist_sync against α", "",
                  "| words per sample | kvhybrid words/s | dist_sync words/s | kvhybrid ÷ dist_sync |",
@@ -286,7 +289,8 @@ def write_setting(args, name: str, setting: Setting) -> None:
             a, b = r["kvhybrid"]["words_per_second"], r["dist_sync"]["words_per_second"]
             lines.append(f"| {t} | {a:,.0f} | {b:,.0f} | "
                          f"{ratio_cell(setting.ratios(t, 'kvhybrid', 'dist_sync', True))} |")
-        write_outputs(args.out, f"{name}_alpha", "\n".join(lines + ["", *footer("models")]) + "\n",
+        write_outputs(args.out, f"{name}_alpha",
+                      "\n".join(lines + ["", *footer("models", setting.command or None)]) + "\n",
                       sweep, plot_alpha)
 
 
@@ -484,6 +488,9 @@ def main(argv=None) -> None:
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="models", help="file names: NAME.md, NAME.json, NAME.png")
+    p.add_argument("--targets-only", action="store_true",
+                   help="with --suite: measure nothing, write NAME_targets.md from the settings "
+                        "whose NAME*_rounds.json is in --out (it names those not measured yet)")
     p.add_argument("--resume", action="store_true",
                    help="with --suite: keep each setting whose NAME*_rounds.json in --out already "
                         "holds --rounds rounds (a suite stopped part way goes on where it stopped)")
@@ -494,8 +501,8 @@ def main(argv=None) -> None:
         args.rounds = 3 if args.suite else 1
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.resume and not args.suite:
-        p.error("--resume goes on with a suite: add --suite")
+    if (args.resume or args.targets_only) and not args.suite:
+        p.error(f"--{'resume' if args.resume else 'targets-only'} works on a suite: add --suite")
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     hosts = args.hosts
@@ -511,13 +518,16 @@ def main(argv=None) -> None:
     tokens = [10, 25, 50, 100, 200] if args.alpha_tokens is None else args.alpha_tokens
     plan = [(0, args.rate, tokens, ""), (4, "1gbit", [], "_1gbit"),
             (2, "1gbit", [], "_2x2_1gbit"), (2, "100mbit", [], "_2x2_100mbit")]
-    settings = []
+    settings, missing = [], []
     for i, (hosts, rate, sweep, suffix) in enumerate(plan):
         saved = Path(args.out) / f"{args.name}{suffix}_rounds.json"
-        if args.resume and saved.exists():
+        if args.targets_only and not saved.exists():
+            missing.append(setting_name(hosts, rate, args.workers, args.delay))
+            continue
+        if (args.resume or args.targets_only) and saved.exists():
             kept = load_setting(saved, hosts, rate, args.servers_wanted or hosts or 1,
                                 args.workers, args.delay)
-            if len(kept.rounds) == args.rounds:
+            if len(kept.rounds) == args.rounds or args.targets_only:
                 log.info("models: suite, setting %d of %d: %s, kept from %s", i + 1, len(plan),
                          kept.where, saved)
                 settings.append(kept)
@@ -528,19 +538,26 @@ def main(argv=None) -> None:
         write_setting(args, args.name + suffix, settings[-1])
     misses: list = []
     table = targets_table(settings, args.workers, misses)
+    loop = next((x for x in settings if not x.hosts), None)
+    rounds = sorted({len(x.rounds) for x in settings})
     text = "\n".join([
-        f"# Model-level targets (issues 8 and 16), one run of {args.rounds} round(s)", "",
+        f"# Model-level targets (issues 8 and 16), {'/'.join(map(str, rounds))} round(s) per "
+        "setting", "",
+        *([f"**Not measured yet:** {', '.join(missing)} (`--suite --resume` measures them)", ""]
+          if missing else []),
         table, "",
         "Measured: kvhybrid's throughput ÷ the peer's in the same round, median over the rounds "
         "(range); a target is met when the median reaches it.", "",
-        "## Dense sums hidden behind backward, and meetings per step (loopback)", "",
-        overlap_tables(settings[0]), "",
-        "Buckets in the order they are summed (last layer first); the last can hide nothing.",
-        "", "## Profiles of the throughput targets missed", "",
+        *(["## Dense sums hidden behind backward, and meetings per step (loopback)", "",
+            overlap_tables(loop), "",
+            "Buckets in the order they are summed (last layer first); the last can hide "
+            "nothing.", ""] if loop else []),
+        "## Profiles of the throughput targets missed", "",
         "Medians of the run with the median throughput. Phases: the caller's thread's time per "
         "step in ms (a blocking pull shows in forward; work left to MXNet's engine shows in "
-        "waitall).", "", miss_profiles(misses, settings[0]), "", "Tables: " + ", ".join(f"`{args.name}{suffix}.md`" for *_, suffix in plan) +
-        f", `{args.name}_alpha.md`.", "", *footer("models")]) + "\n"
+        "waitall).", "", miss_profiles(misses, loop), "",
+        "Tables: " + ", ".join(f"`{args.name}{suffix}.md`" for *_, suffix in plan)
+        + f", `{args.name}_alpha.md`.", "", *footer("models")]) + "\n"
     (Path(args.out) / f"{args.name}_targets.md").write_text(text)
     print(text)
     log.info("models: wrote %s/%s_targets.md", args.out, args.name)
