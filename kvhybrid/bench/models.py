@@ -556,7 +556,9 @@ def main(argv=None) -> None:
         "Medians of the run with the median throughput. Phases: the caller's thread's time per "
         "step in ms (a blocking pull shows in forward; work left to MXNet's engine shows in "
         "waitall).", "", miss_profiles(misses, loop), "",
-        "Tables: " + ", ".join(f"`{args.name}{suffix}.md`" for *_, suffix in plan)
+        "Tables: " + ", ".join(f"`{args.name}{suffix}.md`" for hosts, rate, _, suffix in plan
+                               if setting_name(hosts, rate, args.workers, args.delay)
+                               not in missing)
         + f", `{args.name}_alpha.md`.", "", *footer("models")]) + "\n"
     (Path(args.out) / f"{args.name}_targets.md").write_text(text)
     print(text)
