@@ -275,7 +275,7 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "one fixed batch after the run (synchronous systems take the same steps). MB: what "
         "kvhybrid handed to MPI collectives and pushed to the servers, per worker and step "
         "(pulls not counted).", "",
-        *([bytes_table(results, setting.where), ""] if setting.hosts else []),
+        bytes_table(results, setting.where), "",
         *footer("models", setting.command or None)]) + "\n"
     write_outputs(args.out, name, table, results, plot)
     (Path(args.out) / f"{name}_rounds.json").write_text(json.dumps(
