@@ -21,7 +21,8 @@ print(f"worker rank {kv.rank} of {kv.num_workers} ready", flush=True)
 steps = 3 if mode == "ok" else 10 ** 6
 for step in range(steps):
     if mode == "raise" and step == 2 and kv.rank == victim:
-        raise RuntimeError(f"worker {kv.rank} failed on purpose")
+        # the time lets a test measure how long the job takes to stop after the failure
+        raise RuntimeError(f"worker {kv.rank} failed on purpose at {time.time():.3f}")
     grad[:] = 1
     kv.pushpull(0, grad)
     time.sleep(0.05)
