@@ -202,14 +202,14 @@ class Job:
         env = {**self.dmlc_env("worker", c.master_host), "KVHYBRID_CLIENT_ID": str(c.client)}
         full = {**self.base_env, **env}
         hosts = None
-        if self.transport == "ssh" or (self.transport == "local" and len(self.plan.spec.hosts) > 1) \
+        if self.transport in ("ssh", "slurm") \
+                or (self.transport == "local" and len(self.plan.spec.hosts) > 1) \
                 or (self.transport == "netns" and len(c.ranks) > 1):
             hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
         extra = list(self.mpi_args)
         if self.transport == "netns" and len(c.ranks) > 1 and self.mpi_kind == "openmpi":
             extra = netns_mpi_args() + extra
         if self.transport == "slurm":
-            hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
             extra = slurm.mpirun_args(self.mpi_kind) + extra
         if self.mpi_kind == "openmpi" and len(self.plan.clients) > 1:
             # mpiruns started together race to create the same session directory in /tmp
