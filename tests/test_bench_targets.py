@@ -92,6 +92,9 @@ def test_a_resumed_suite_reads_back_the_settings_it_wrote(tmp_path):
         kept = load_setting(path, hosts=2, rate="100mbit", servers=2, workers=4)
         assert (kept.where, kept.hosts, kept.servers, kept.rate) == (net.where, 2, 2, "100mbit")
         assert targets_table([kept], workers=4) == targets_table([net], workers=4)
+    path.write_text(json.dumps({"rounds": net.rounds, "steps": 20, "warmup": 5}))
+    kept = load_setting(path, hosts=2, rate="100mbit", servers=2, workers=4)
+    assert (kept.steps, kept.warmup) == (20, 5), "a setting's own step count is kept"
 
 
 def test_targets_only_writes_the_verdicts_of_the_settings_measured_and_names_the_rest(tmp_path):

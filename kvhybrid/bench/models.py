@@ -188,6 +188,9 @@ class Setting:
     rate: str = ""   # the emulated links' (tc's notation); "" on loopback
     #: the arguments of the run that measured it (``python -m kvhybrid.bench.models ...``)
     command: List[str] = field(default_factory=list)
+    #: steps each job ran and the first of them left out as warm-up (0: the run's --steps)
+    steps: int = 0
+    warmup: int = 0
 
     @property
     def median(self) -> Dict[str, Dict[str, dict]]:
@@ -228,20 +231,25 @@ def load_setting(path: Path, hosts: int, rate: str, servers: int, workers: int,
     return Setting(where=saved.get("where") or setting_name(hosts, rate, workers, delay),
                    hosts=hosts, servers=saved.get("servers", servers), rounds=saved["rounds"],
                    sweeps=saved.get("sweeps", []), rate=rate if hosts else "",
-                   command=saved.get("command", []))
+                   command=saved.get("command", []), steps=saved.get("steps", 0),
+                   warmup=saved.get("warmup", 0))
 
 
-def measure(args, hosts: int, rate: str, alpha_tokens: List[int]) -> Setting:
+def measure(args, hosts: int, rate: str, alpha_tokens: List[int],
+            steps: Optional[int] = None, warmup: Optional[int] = None) -> Setting:
     """Every model under every system (and the α sweep) in one setting, ``args.rounds``
     times with the systems' order alternated: loopback (``hosts`` 0) or ``hosts`` emulated
-    hosts joined by links of ``rate``."""
+    hosts joined by links of ``rate``; ``steps``/``warmup`` replace the run's for this
+    setting."""
     args = argparse.Namespace(**vars(args))
     args.hosts, args.rate = hosts, rate
+    args.steps, args.warmup = steps or args.steps, warmup or args.warmup
     args.servers = args.servers_wanted or hosts or 1
     systems = [n for n in (args.systems or [n for n in SYSTEMS if n not in SYSTEM_ENV])
                if (n != "kvhybrid host-masters" or hosts) and (n != "compute only" or not hosts)]
     setting = Setting(where=setting_name(hosts, rate, args.workers, args.delay), hosts=hosts,
-                      servers=args.servers, rate=rate if hosts else "", command=sys.argv[1:])
+                      servers=args.servers, rate=rate if hosts else "", command=sys.argv[1:],
+                      steps=args.steps, warmup=args.warmup)
     with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
             contextlib.ExitStack() as stack:
         args.launcher_args = []
@@ -249,8 +257,8 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int]) -> Setting:
             cluster = stack.enter_context(EmulatedCluster(hosts, rate, args.delay))
             hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // hosts)
             args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
-        log.info("models: %s, %d workers, %d server(s), %d round(s)", setting.where,
-                 args.workers, args.servers, args.rounds)
+        log.info("models: %s, %d workers, %d server(s), %d round(s) of %d steps (%d warm-up)",
+                 setting.where, args.workers, args.servers, args.rounds, args.steps, args.warmup)
         for round_ in range(args.rounds):
             order = systems if round_ % 2 == 0 else systems[::-1]
             pair = ("kvhybrid", "dist_sync") if round_ % 2 == 0 else ("dist_sync", "kvhybrid")
@@ -269,8 +277,9 @@ def write_setting(args, name: str, setting: Setting) -> None:
         f"# Model-level throughput, {setting.where}: {args.workers} workers, {setting.servers} "
         f"server(s), batch {args.batch_size} per worker, {args.tokens} words per sample, "
         f"{len(setting.rounds)} round(s) with the systems' order alternated", "",
-        ratio_table(results, args.steps, setting), "",
-        "Median step after warm-up, of the round with the median throughput. kvhybrid ÷ this: "
+        ratio_table(results, setting.steps or args.steps, setting), "",
+        f"Median step after warm-up ({setting.warmup or args.warmup} steps), of the round with "
+        "the median throughput. kvhybrid ÷ this: "
         "throughput ratio of the same round's runs, median over the rounds (range). Loss: on "
         "one fixed batch after the run (synchronous systems take the same steps). MB: what "
         "kvhybrid handed to MPI collectives and pushed to the servers, per worker and step "
@@ -280,6 +289,7 @@ def write_setting(args, name: str, setting: Setting) -> None:
     write_outputs(args.out, name, table, results, plot)
     (Path(args.out) / f"{name}_rounds.json").write_text(json.dumps(
         {"where": setting.where, "servers": setting.servers, "command": setting.command,
+         "steps": setting.steps, "warmup": setting.warmup,
          "rounds": setting.rounds, "sweeps": setting.sweeps}))
     if sweep:
         lines = [f"# LM-like, {setting.where}: kvhybrid and dist_sync against α", "",
@@ -293,6 +303,9 @@ def write_setting(args, name: str, setting: Setting) -> None:
                       "\n".join(lines + ["", *footer("models", setting.command or None)]) + "\n",
                       sweep, plot_alpha)
 
+
+#: the suite's (steps, warm-up) at 100 Mbit/s, where one Horovod LM step takes 12 s
+SLOW_STEPS = (20, 5)
 
 #: throughput targets (issues 8 and 16): (setting, model, peer, kvhybrid ÷ peer at least);
 #: setting: "loopback", "4 hosts" (1 Gbit/s), "2x2 hosts" (2 hosts × 2 workers, every rate);
@@ -516,10 +529,13 @@ def main(argv=None) -> None:
         write_setting(args, args.name, setting)
         return
     tokens = [10, 25, 50, 100, 200] if args.alpha_tokens is None else args.alpha_tokens
-    plan = [(0, args.rate, tokens, ""), (4, "1gbit", [], "_1gbit"),
-            (2, "1gbit", [], "_2x2_1gbit"), (2, "100mbit", [], "_2x2_100mbit")]
+    # at 100 Mbit/s Horovod's densified LM table (147 MB per host and step) needs 12 s a step
+    # on the link alone: its jobs there run SLOW_STEPS (all systems alike, so losses compare)
+    slow = (min(args.steps, SLOW_STEPS[0]), min(args.warmup, SLOW_STEPS[1]))
+    plan = [(0, args.rate, tokens, "", None), (4, "1gbit", [], "_1gbit", None),
+            (2, "1gbit", [], "_2x2_1gbit", None), (2, "100mbit", [], "_2x2_100mbit", slow)]
     settings, missing = [], []
-    for i, (hosts, rate, sweep, suffix) in enumerate(plan):
+    for i, (hosts, rate, sweep, suffix, few) in enumerate(plan):
         saved = Path(args.out) / f"{args.name}{suffix}_rounds.json"
         if args.targets_only and not saved.exists():
             missing.append(setting_name(hosts, rate, args.workers, args.delay))
@@ -534,7 +550,7 @@ def main(argv=None) -> None:
                 write_setting(args, args.name + suffix, kept)   # its tables as this code writes them
                 continue
         log.info("models: suite, setting %d of %d", i + 1, len(plan))
-        settings.append(measure(args, hosts, rate, sweep))
+        settings.append(measure(args, hosts, rate, sweep, *(few or (None, None))))
         write_setting(args, args.name + suffix, settings[-1])
     misses: list = []
     table = targets_table(settings, args.workers, misses)
@@ -556,7 +572,7 @@ def main(argv=None) -> None:
         "Medians of the run with the median throughput. Phases: the caller's thread's time per "
         "step in ms (a blocking pull shows in forward; work left to MXNet's engine shows in "
         "waitall).", "", miss_profiles(misses, loop), "",
-        "Tables: " + ", ".join(f"`{args.name}{suffix}.md`" for hosts, rate, _, suffix in plan
+        "Tables: " + ", ".join(f"`{args.name}{suffix}.md`" for hosts, rate, _, suffix, _ in plan
                                if setting_name(hosts, rate, args.workers, args.delay)
                                not in missing)
         + f", `{args.name}_alpha.md`.", "", *footer("models")]) + "\n"
