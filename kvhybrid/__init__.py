@@ -7,8 +7,8 @@ import os as _os
 __version__ = "0.1.0"
 
 if _os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
-    # A parameter server imports only kvhybrid.kvstore.server_side, while ``import mxnet``
-    # is still running its server loop: the store cannot be imported there.
+    # A scheduler or parameter server (kvstore/ps_node.py) needs only kvstore.auth and
+    # kvstore.server_side: not the store, MPI, or MXNet before ps_node imports it.
     from .config import StoreConfig
     from .errors import ConfigError, KeyValueError, KVHybridError, NotInMPIJobError
     from .kvstore import (DistributedTrainer, HybridMPIStore, broadcast_parameters,

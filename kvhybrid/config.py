@@ -205,4 +205,10 @@ class StoreConfig:
             values["num_clients"] = 1  # DMLC_NUM_WORKER counts ps-lite workers, if any
         elif values.get("num_clients", 1) < 1:
             raise ConfigError("DMLC_NUM_WORKER must be the number of client groups (>= 1)")
+        else:   # a master signs its commands to the servers (kvstore/auth.py)
+            from .kvstore.auth import AuthError, job_secret
+            try:
+                job_secret(env)
+            except AuthError as exc:
+                raise ConfigError(str(exc)) from None
         return cls(**values)

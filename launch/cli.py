@@ -28,7 +28,9 @@ from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
 from .mpirun import DEFAULT_ENV, MpiJob, build_command, find_mpirun, flavour, job_env
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
 from .supervisor import Supervisor
-from .transport import TRANSPORTS, address, check_ssh, free_port, listening, wrap
+from .transport import (TRANSPORTS, address, check_ssh, free_port, hand_secret, listening,
+                        take_back_secret, wrap)
+from kvhybrid.kvstore.auth import SECRET_FILE_VAR, SECRET_VAR, new_secret
 
 log = logging.getLogger("kvhybrid.launch")
 
@@ -67,9 +69,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                         "with srun), or netns (host names are network namespaces on this "
                         "machine)")
     p.add_argument("--interface", metavar="IF",
-                   help="network interface the scheduler, servers and masters advertise and "
-                        "connect over (default: loopback for a local run, else the host's "
-                        "address); ps-lite itself listens on all interfaces")
+                   help="network interface the scheduler, servers and masters advertise, "
+                        "listen on and connect over (default: loopback for a local run, else "
+                        "the host's address; docs/security.md lists what listens where)")
     p.add_argument("--mpi-args", default="", help="extra arguments for each mpirun, quoted")
     p.add_argument("--no-mpi-tuning", action="store_true",
                    help="leave Open MPI's allreduce at its defaults (by default the launcher "
@@ -145,6 +147,16 @@ def netns_mpi_args() -> List[str]:
             "--mca", "btl_tcp_if_exclude", "lo", "--mca", "oob_tcp_if_exclude", "lo"]
 
 
+def one_machine_mpi_args(mpi_args: List[str], env: Dict[str, str]) -> List[str]:
+    """Open MPI settings for a group whose ranks all run on this machine: shared memory only
+    (``ob1`` with the ``self`` and ``vader`` transports), so no rank listens on a TCP port
+    (by default each does, on every interface). Left out when the user chose a pml or btl."""
+    if any(a in ("pml", "btl") for a in mpi_args) or "OMPI_MCA_pml" in env \
+            or "OMPI_MCA_btl" in env:
+        return []
+    return ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
+
+
 class Job:
     """The processes of one planned job and how to start them."""
 
@@ -161,6 +173,13 @@ class Job:
         self.mpirun = find_mpirun()
         self.mpi_kind = flavour(self.mpirun)
         self.base_env = job_env({})
+        if plan.num_servers:
+            # the servers unpickle only commands signed with it (kvstore/auth.py); it travels
+            # in environments and files, never on a command line. A user's own is kept.
+            self.base_env.pop(SECRET_FILE_VAR, None)
+            self.base_env[SECRET_VAR] = os.environ.get(SECRET_VAR) or new_secret()
+        #: host -> the file holding the secret there (ssh: a remote env has no other way in)
+        self.secret_files: Dict[str, str] = {}
         hosts = {h.name for h in plan.spec.hosts}
         self.interface = interface
         self.addresses = ({h: address(self.transport, h, interface) for h in hosts}
@@ -195,7 +214,10 @@ class Job:
 
     def _ps_node(self, role: str, host: str):
         env = self.dmlc_env(role, host)
-        cmd = [sys.executable, "-c", "import mxnet"]  # ps-lite runs its loop inside the import
+        if host in self.secret_files:
+            env[SECRET_FILE_VAR] = self.secret_files[host]
+        # MXNet's loop, but commands are unpickled only when signed with the job's secret
+        cmd = [sys.executable, "-m", "kvhybrid.kvstore.ps_node"]
         return wrap(self.transport, host, cmd, env, self.base_env), {**self.base_env, **env}
 
     def client(self, c):
@@ -209,6 +231,9 @@ class Job:
         extra = list(self.mpi_args)
         if self.transport == "netns" and len(c.ranks) > 1 and self.mpi_kind == "openmpi":
             extra = netns_mpi_args() + extra
+        if self.transport == "local" and len(self.plan.spec.hosts) == 1 \
+                and self.mpi_kind == "openmpi":
+            extra = one_machine_mpi_args(self.mpi_args, self.base_env) + extra
         if self.transport == "slurm":
             extra = slurm.mpirun_args(self.mpi_kind) + extra
         if self.mpi_kind == "openmpi" and len(self.plan.clients) > 1:
@@ -241,7 +266,8 @@ class Job:
         return lines
 
     def _show(self, name: str, cmd: List[str], env: Dict[str, str]) -> str:
-        settings = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
+        settings = " ".join(f"{k}={shlex.quote(v) if k != SECRET_VAR else '<secret>'}"
+                            for k, v in sorted(env.items())
                             if k.startswith(("DMLC_", "KVHYBRID_", "PS_")) or k in DEFAULT_ENV)
         return f"  {name}: {settings} {shlex.join(cmd)}".rstrip()
 
@@ -252,10 +278,14 @@ class Job:
             return self._run(sup)
         finally:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+            take_back_secret(self.secret_files)
 
     def _run(self, sup: Supervisor) -> int:
         plan = self.plan
         if plan.num_servers:
+            if self.transport == "ssh":
+                self.secret_files = hand_secret(
+                    {plan.scheduler_host, *plan.server_hosts}, self.base_env[SECRET_VAR])
             if not self._start_scheduler(sup):
                 return 1
             for i, host in enumerate(plan.server_hosts):

@@ -13,6 +13,7 @@ a multi-host job on one machine.
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -22,6 +23,7 @@ from typing import Dict, Iterable, List, Optional
 
 from . import slurm
 from .hosts import HostError, is_local_name
+from kvhybrid.kvstore.auth import SECRET_VAR
 
 TRANSPORTS = ("local", "ssh", "netns", "slurm")
 
@@ -44,6 +46,7 @@ def wrap(transport: str, host: str, cmd: List[str], env: Dict[str, str],
     if transport == "ssh":
         remote_env = {k: v for k, v in base_env.items() if k.startswith(REMOTE_PREFIXES)}
         remote_env.update(env)
+        remote_env.pop(SECRET_VAR, None)   # ps shows a command line: it goes by file
         assign = [f"{k}={v}" for k, v in sorted(remote_env.items())]
         remote = f"cd {shlex.quote(os.getcwd())} && exec env " \
                  + " ".join(map(shlex.quote, assign + list(cmd)))
@@ -57,6 +60,29 @@ def wrap(transport: str, host: str, cmd: List[str], env: Dict[str, str],
         return ["ip", "netns", "exec", host, "unshare", "--uts", "--", "sh", "-c",
                 'hostname "$0" && exec "$@"', host, "env", *assign, *cmd]
     raise ValueError(f"unknown transport {transport!r}")
+
+
+def hand_secret(hosts: Iterable[str], secret: str) -> Dict[str, str]:
+    """Write the job's secret into a file only this user can read on each remote host (over
+    ssh's standard input, no pseudo-terminal to echo it); {host: the file's path}."""
+    paths = {}
+    for host in sorted(h for h in set(hosts) if not is_local_name(h)):
+        path = f"/tmp/kvhybrid-{secrets.token_hex(8)}.secret"
+        r = subprocess.run(["ssh", *SSH_OPTIONS, host,
+                            f"umask 077 && cat > {path}"], input=secret + "\n",
+                           capture_output=True, text=True, timeout=SSH_CHECK_TIMEOUT)
+        if r.returncode != 0:
+            raise HostError(f"host {host!r}: cannot write the job's secret to {path} "
+                            f"({_last_line(r.stderr)})")
+        paths[host] = path
+    return paths
+
+
+def take_back_secret(paths: Dict[str, str]) -> None:
+    """Remove the secret files ``hand_secret`` wrote (best effort: the job is over)."""
+    for host, path in paths.items():
+        subprocess.run(["ssh", *SSH_OPTIONS, host, f"rm -f {path}"], capture_output=True,
+                       stdin=subprocess.DEVNULL, timeout=SSH_CHECK_TIMEOUT, check=False)
 
 
 def address(transport: str, host: str, interface: Optional[str] = None) -> str:

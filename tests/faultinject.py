@@ -16,7 +16,6 @@ Workers must print ``rank R step S`` at each step (``tests/workers/fault_train.p
 """
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from typing import List, Optional, Sequence
 
 import psutil
 
+from kvhybrid.kvstore.ps_node import tcp_sockets
 from mpirun import ROOT, WORKERS, job_env
 
 LAUNCH = [sys.executable, "-m", "kvhybrid.launch.cli"]
@@ -232,21 +232,8 @@ def descendants(pid: int) -> set:
 def listening_ports(pid: int) -> List[int]:
     """TCP ports ``pid`` listens on, seen from its own network namespace (psutil looks in the
     caller's)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    ports = set()
-    with open(f"/proc/{pid}/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:   # LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return sorted(ports)
+    return sorted({int(row[1].rsplit(":", 1)[1], 16) for row in tcp_sockets(pid)
+                   if row[3] == "0A"})   # LISTEN
 
 
 _ALIVE: List[LaunchedJob] = []

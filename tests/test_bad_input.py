@@ -95,7 +95,7 @@ def test_bad_setting_names_variable():
                                         "parameter servers, and this job has none", "add servers"]),
     # 2 emulated hosts, but ps-lite told to expect 3 workers: refused before connecting
     ({"KVHYBRID_ROW_MASTERS": "host", "KVHYBRID_EMULATE_NODE_SIZE": "1", "DMLC_ROLE": "worker",
-      "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "3"},
+      "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "3", "KVHYBRID_SECRET": "k" * 64},
      ["each of the group's 2 hosts a ps-lite worker, but DMLC_NUM_WORKER is 3",
       "set DMLC_NUM_WORKER=2"]),
 ])

@@ -232,7 +232,7 @@ class Running:
         for pid in self.pids:
             try:
                 p = psutil.Process(pid)
-                if p.environ().get("DMLC_ROLE") == role and "import mxnet" in " ".join(p.cmdline()):
+                if p.environ().get("DMLC_ROLE") == role and "kvhybrid.kvstore.ps_node" in p.cmdline():
                     return p
             except psutil.NoSuchProcess:
                 continue

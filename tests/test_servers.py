@@ -9,7 +9,8 @@ def test_unreachable_scheduler_fails_within_30_s_naming_host_and_port():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {"DMLC_ROLE": "worker", "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1",
-           "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port)}
+           "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(port),
+           "KVHYBRID_SECRET": "k" * 64}
     r = run_job(2, "create_store.py", timeout=90, env=env)   # default KVHYBRID_CONNECT_TIMEOUT
     assert r.returncode != 0
     assert r.seconds < 30, f"took {r.seconds:.0f} s"

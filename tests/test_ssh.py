@@ -109,6 +109,19 @@ def test_a_killed_remote_server_ends_the_job_naming_it(machines):
         assert len(ranks[a]) == 2 and len(ranks[b]) == 2 and not ranks[machines.login], ranks
         server1 = [p for p in on[b] if _environ(p).get("DMLC_ROLE") == "server"]
         assert len(server1) == 1, on[b]
+        # the job's secret reached the remote server in a file only its user reads, and is
+        # on no command line of any machine
+        secret_file = _environ(server1[0]).get("KVHYBRID_SECRET_FILE")
+        assert secret_file and os.stat(secret_file).st_mode & 0o777 == 0o600
+        secret = open(secret_file).read().strip()
+        assert len(secret) == 64 and "KVHYBRID_SECRET" not in _environ(server1[0])
+        for pids in on.values():
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        assert secret.encode() not in f.read(), pid
+                except FileNotFoundError:   # ended since it was listed
+                    pass
         killed = time.monotonic()
         os.kill(server1[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
@@ -123,6 +136,7 @@ def test_a_killed_remote_server_ends_the_job_naming_it(machines):
     failed = [line for line in output.splitlines() if "stopping the job" in line]
     assert failed and f"server 1 on {b} (pid" in failed[0], output[-4000:]
     print(f"killed server ended the job in {seconds:.1f} s: {failed[0]}")
+    assert not os.path.exists(secret_file), "the launcher leaves no secret behind"
     left = _left_behind(machines)
     assert not left, {h: [open(f"/proc/{p}/cmdline").read() for p in pids
                           if os.path.exists(f"/proc/{p}")] for h, pids in left.items()}

@@ -188,7 +188,8 @@ def describe(proc, root: int) -> Dict[str, object]:
         role = "mpirun"
     elif "kvhybrid.bench.load" in cmdline and "--worker" in cmdline:
         role = "worker"
-    elif cmdline[-2:] == ["-c", "import mxnet"] and env.get("DMLC_ROLE"):
+    elif (cmdline[-2:] in (["-c", "import mxnet"], ["-m", "kvhybrid.kvstore.ps_node"])
+          and env.get("DMLC_ROLE")):
         role = env["DMLC_ROLE"]
     else:
         role = proc.name()

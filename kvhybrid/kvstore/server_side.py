@@ -1,7 +1,7 @@
 """What kvhybrid runs inside MXNet's parameter servers: the optimizer, and checkpoints.
 
-A server runs whatever object a worker's ``set_optimizer`` pickles to it. kvhybrid sends
-the Trainer's optimizer wrapped in ``ServerOptimizer``, which updates exactly as the
+A server (``ps_node``) runs the object a worker's signed command (``auth``) pickles to
+it. kvhybrid sends the Trainer's optimizer wrapped in ``ServerOptimizer``, which updates exactly as the
 optimizer does and also keeps what a checkpoint needs: a reference to every optimizer
 state the server created. ps-lite offers no other way into a server, so checkpoint
 commands travel the same road (``command``): a pickled object whose unpickling, on
@@ -20,9 +20,8 @@ A server's weights are not read here: workers pull them. To restore them, ``load
 marks the keys whose next update *sets* the weight to the pushed value (and the state
 to the saved one) instead of applying the optimizer; workers then push the saved values.
 
-Servers unpickle this module while ``mxnet`` is half imported (the server loop runs
-inside ``import mxnet``): it imports nothing from kvhybrid, and only the parts of
-MXNet that exist by then.
+A server unpickles this module inside its command handler: it imports nothing from
+kvhybrid's store (a server has no MPI).
 """
 from __future__ import annotations
 
@@ -195,8 +194,8 @@ def command(action: str, directory: str, token: str, keys) -> Optional[ServerOpt
 
 
 class Command:
-    """A checkpoint command as a worker sends it: ``set_optimizer`` of this object runs
-    ``command`` on every server (see the module docstring)."""
+    """A checkpoint command as a worker sends it: unpickled on a server, it runs ``command``
+    there (see the module docstring)."""
 
     def __init__(self, action: str, directory: str, token: str, keys=()):
         self.args = (action, directory, token, sorted(int(k) for k in keys))
@@ -204,7 +203,7 @@ class Command:
     def __reduce__(self):
         return command, self.args
 
-    # what MXNet's set_optimizer reads on the worker before it sends the object
+    # read on the worker before it sends the object (kSetMultiPrecision)
     multi_precision = False
 
 
@@ -217,9 +216,8 @@ def add_packs(packs) -> Optional[ServerOptimizer]:
 
 
 class PackCommand:
-    """Pack layouts as a worker sends them (``set_optimizer`` of this object runs
-    ``add_packs`` on every server): {pack key: (mask length, [(member key, first
-    element, end)])}."""
+    """Pack layouts as a worker sends them (unpickled on a server, it runs ``add_packs``
+    there): {pack key: (mask length, [(member key, first element, end)])}."""
 
     def __init__(self, packs):
         self.packs = packs

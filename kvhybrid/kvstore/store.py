@@ -1048,7 +1048,12 @@ class HybridMPIStore(mx.kv.KVStore):
                     f"the parameter servers could not load the optimizer {name} and would sum "
                     "gradients instead of updating weights: make its module importable on the "
                     "servers (on their PYTHONPATH; a class defined in the training script, "
-                    "__main__, never is), or train with update_on_kvstore=False")
+                    "__main__, never is), or train with update_on_kvstore=False. If the "
+                    "servers log 'refused a command signed with another secret', this "
+                    "worker's KVHYBRID_SECRET differs from theirs: start every process of the "
+                    "job with the same one (kvhybrid-launch does); if they log nothing, they "
+                    "run MXNet's own server loop: start them with python -m "
+                    "kvhybrid.kvstore.ps_node")
 
     def _server_optimizer(self, optimizer):
         """What the servers run on the values they hold: the Trainer's optimizer."""
