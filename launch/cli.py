@@ -284,8 +284,12 @@ class Job:
         plan = self.plan
         if plan.num_servers:
             if self.transport == "ssh":
-                self.secret_files = hand_secret(
-                    {plan.scheduler_host, *plan.server_hosts}, self.base_env[SECRET_VAR])
+                try:
+                    self.secret_files = hand_secret(
+                        {plan.scheduler_host, *plan.server_hosts}, self.base_env[SECRET_VAR])
+                except HostError as exc:   # nothing started yet
+                    log.error("%s: check that /tmp is writable there and retry", exc)
+                    return 2
             if not self._start_scheduler(sup):
                 return 1
             for i, host in enumerate(plan.server_hosts):

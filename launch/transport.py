@@ -12,6 +12,7 @@ a multi-host job on one machine.
 """
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shlex
@@ -24,6 +25,9 @@ from typing import Dict, Iterable, List, Optional
 from . import slurm
 from .hosts import HostError, is_local_name
 from kvhybrid.kvstore.auth import SECRET_VAR
+from kvhybrid.procnet import listening_ports
+
+log = logging.getLogger("kvhybrid.launch")
 
 TRANSPORTS = ("local", "ssh", "netns", "slurm")
 
@@ -68,12 +72,16 @@ def hand_secret(hosts: Iterable[str], secret: str) -> Dict[str, str]:
     paths = {}
     for host in sorted(h for h in set(hosts) if not is_local_name(h)):
         path = f"/tmp/kvhybrid-{secrets.token_hex(8)}.secret"
-        r = subprocess.run(["ssh", *SSH_OPTIONS, host,
-                            f"umask 077 && cat > {path}"], input=secret + "\n",
-                           capture_output=True, text=True, timeout=SSH_CHECK_TIMEOUT)
-        if r.returncode != 0:
-            raise HostError(f"host {host!r}: cannot write the job's secret to {path} "
-                            f"({_last_line(r.stderr)})")
+        try:
+            r = subprocess.run(["ssh", *SSH_OPTIONS, host, f"umask 077 && cat > {path}"],
+                               input=secret + "\n", capture_output=True, text=True,
+                               timeout=SSH_CHECK_TIMEOUT)
+            why = None if r.returncode == 0 else _last_line(r.stderr)
+        except subprocess.TimeoutExpired:
+            why = f"no answer in {SSH_CHECK_TIMEOUT} s"
+        if why is not None:
+            take_back_secret(paths)
+            raise HostError(f"host {host!r}: cannot write the job's secret to {path} ({why})")
         paths[host] = path
     return paths
 
@@ -81,8 +89,12 @@ def hand_secret(hosts: Iterable[str], secret: str) -> Dict[str, str]:
 def take_back_secret(paths: Dict[str, str]) -> None:
     """Remove the secret files ``hand_secret`` wrote (best effort: the job is over)."""
     for host, path in paths.items():
-        subprocess.run(["ssh", *SSH_OPTIONS, host, f"rm -f {path}"], capture_output=True,
-                       stdin=subprocess.DEVNULL, timeout=SSH_CHECK_TIMEOUT, check=False)
+        try:
+            subprocess.run(["ssh", *SSH_OPTIONS, host, f"rm -f {path}"], capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=SSH_CHECK_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            log.warning("host %r did not answer in %d s: remove %s there by hand", host,
+                        SSH_CHECK_TIMEOUT, path)
 
 
 def address(transport: str, host: str, interface: Optional[str] = None) -> str:
@@ -123,17 +135,9 @@ def listening(pid: int, transport: str, addr: str, port: int) -> bool:
         except OSError:
             return False
     try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-        for table in ("tcp", "tcp6"):
-            with open(f"/proc/{pid}/net/{table}") as f:
-                for row in f.readlines()[1:]:
-                    cols = row.split()
-                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port \
-                            and f"socket:[{cols[9]}]" in inodes:
-                        return True
+        return port in listening_ports(pid)
     except OSError:   # gone, or not ours to read
-        pass
-    return False
+        return False
 
 
 def free_port(transport: str, host: str) -> int:

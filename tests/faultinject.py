@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 
 import psutil
 
-from kvhybrid.kvstore.ps_node import tcp_sockets
+from kvhybrid.procnet import listening_ports
 from mpirun import ROOT, WORKERS, job_env
 
 LAUNCH = [sys.executable, "-m", "kvhybrid.launch.cli"]
@@ -227,13 +227,6 @@ def descendants(pid: int) -> set:
         return {child.pid for child in psutil.Process(pid).children(recursive=True)}
     except psutil.NoSuchProcess:
         return set()
-
-
-def listening_ports(pid: int) -> List[int]:
-    """TCP ports ``pid`` listens on, seen from its own network namespace (psutil looks in the
-    caller's)."""
-    return sorted({int(row[1].rsplit(":", 1)[1], 16) for row in tcp_sockets(pid)
-                   if row[3] == "0A"})   # LISTEN
 
 
 _ALIVE: List[LaunchedJob] = []

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from attacker import payload, send_command
-from faultinject import LaunchedJob, kill_leftover_jobs, listening_ports
+from faultinject import LaunchedJob, kill_leftover_jobs
+from kvhybrid.procnet import listening_ports
 from mpirun import ROOT, WORKERS, job_env, mpirun_command
 
 HYBRID = ["-n", 2, "--clients", 2, "--servers", 1]

@@ -22,11 +22,14 @@ import os
 import pickle
 import secrets
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 SECRET_VAR = "KVHYBRID_SECRET"
 SECRET_FILE_VAR = "KVHYBRID_SECRET_FILE"
 PREFIX = "kvh1"
+#: MXNet's server command ids (kvstore.py, _get_kvstore_server_command_type): a Python
+#: controller call (the body is a pickle: the one kind signed), and multi-precision
+CONTROLLER, SET_MULTI_PRECISION = 0, 1
 #: seconds a signed command stays acceptable (clocks of a cluster agree far better)
 MAX_AGE = 600.0
 
@@ -94,8 +97,8 @@ class Verifier:
         self.max_age = max_age
         self._seen: Dict[str, float] = {}   # nonce -> its time, for max_age
 
-    def check(self, body: bytes) -> Tuple[str, str]:
-        """(nonce, payload) of a valid body."""
+    def check(self, body: bytes) -> str:
+        """The payload of a valid body."""
         text = body.decode("ascii", errors="replace")
         parts = text.split(" ", 4)
         if len(parts) != 5 or parts[0] != PREFIX:
@@ -118,8 +121,7 @@ class Verifier:
         now = time.time()
         self._seen = {n: t for n, t in self._seen.items() if now - t <= self.max_age}
         self._seen[nonce] = now
-        return nonce, payload
+        return payload
 
     def load(self, body: bytes):
-        _, payload = self.check(body)
-        return pickle.loads(base64.b64decode(payload))
+        return pickle.loads(base64.b64decode(self.check(body)))

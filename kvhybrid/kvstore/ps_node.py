@@ -16,47 +16,29 @@ import logging
 import os
 import socket
 import sys
-from typing import List, Set
+from typing import Set
 
+from .. import procnet
 from . import auth
 
 log = logging.getLogger("kvhybrid.server")
 
-#: MXNet's command id for a Python controller call (kvstore.py: 'kController')
-CONTROLLER = 0
-
-
-def tcp_sockets(pid="self") -> List[List[str]]:
-    """The rows of ``/proc/PID/net/tcp`` (IPv4, the process's network namespace) that are
-    sockets of process ``pid``: [slot, local, remote, state, ...]."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    with open(f"/proc/{pid}/net/tcp") as f:
-        return [row for row in (line.split() for line in f.readlines()[1:])
-                if row[9] in inodes]
-
 
 def connected_peers() -> Set[str]:
     """``ip:port`` of every TCP connection made *to* this process (to a port it listens on):
-    ps-lite does not tell a command handler its sender, the kernel does."""
+    ps-lite does not tell a command handler its sender, the kernel does (IPv4)."""
     try:
-        ours = tcp_sockets()
+        ours = procnet.tcp_sockets(tables=("tcp",))
     except OSError:
         return set()
-    listening = {r[1].rsplit(":", 1)[1] for r in ours if r[3] == "0A"}
+    listening = {procnet.port(r[1]) for r in ours if r[3] == procnet.LISTEN}
 
     def address(field: str) -> str:
-        ip, port = field.split(":")
-        return f"{socket.inet_ntoa(bytes.fromhex(ip)[::-1])}:{int(port, 16)}"
+        ip, _ = field.split(":")
+        return f"{socket.inet_ntoa(bytes.fromhex(ip)[::-1])}:{procnet.port(field)}"
 
     return {address(r[2]) for r in ours
-            if r[3] == "01" and r[1].rsplit(":", 1)[1] in listening}   # ESTABLISHED
+            if r[3] == procnet.ESTABLISHED and procnet.port(r[1]) in listening}
 
 
 def _import_mxnet_quietly():
@@ -89,7 +71,7 @@ def main() -> int:
 
     kv = mx.kv.create("dist")
     server = KVStoreServer(kv)   # found by server_side._server_rank
-    signed = []                  # the optimizers installed from signed commands
+    signed = []                  # names of the optimizers signed commands installed
     job_peers: Set[str] = set()  # connections to this server when the first one came
 
     def refuse_to_sum(key, grad, weight) -> None:
@@ -101,7 +83,7 @@ def main() -> int:
         os._exit(1)
 
     def controller(cmd_id: int, body: bytes, _) -> None:
-        if cmd_id != CONTROLLER:
+        if cmd_id != auth.CONTROLLER:
             log.warning("server %d: unknown command %d ignored", kv.rank, cmd_id)
             return
         try:

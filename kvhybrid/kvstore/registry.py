@@ -21,15 +21,16 @@ from .store import ASYNC_NAME, ASYNC_TYPE, NAME, TYPE, HybridMPIAsyncStore, Hybr
 
 
 def sign_mxnet_commands() -> None:
-    """Make ``KVStore._send_command_to_servers`` sign optimizer commands (head 0, MXNet's
-    kController) with the job's secret, if there is one; idempotent."""
+    """Make ``KVStore._send_command_to_servers`` sign pickled commands (``auth.CONTROLLER``)
+    with the job's secret, if there is one; idempotent. Every command to the servers goes
+    through it: MXNet's ``set_optimizer`` and kvhybrid's masters (``ServerLink``) alike."""
     send = KVStore._send_command_to_servers
     if getattr(send, "kvhybrid_signs", False):
         return
 
     @functools.wraps(send)
     def signed(self, head, body):
-        if head == 0 and not auth.is_signed(body):
+        if head == auth.CONTROLLER and not auth.is_signed(body):
             try:
                 secret = auth.job_secret()
             except auth.AuthError:   # no secret: MXNet's own servers, as before

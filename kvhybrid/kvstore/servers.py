@@ -30,7 +30,7 @@ from ..errors import KeyValueError
 from ..tensor_collectives.ndarray_view import host_view, wait_to_write
 from ..tensor_collectives.watchdog import Watchdog
 from .keys import Key
-from . import auth, packs
+from . import packs
 from .server_side import Command, PackCommand, ServerOptimizer
 
 log = logging.getLogger("kvhybrid")
@@ -43,8 +43,6 @@ INT_KEY_LIMIT = 1 << 15
 #: str keys get ids from here up; optimizer probes count down from PROBE_KEY_TOP
 STR_KEY_BASE = INT_KEY_LIMIT
 PROBE_KEY_TOP = (1 << 16) - 1
-#: MXNet's server command ids (kvstore.py, _get_kvstore_server_command_type)
-MX_CONTROLLER, MX_SET_MULTI_PRECISION = 0, 1
 #: the row_sparse copy of a key lives at ROWS_KEY_BASE + the key's id (its first piece)
 ROWS_KEY_BASE = 1 << 16
 #: piece i >= 1 of a partitioned table lives at PIECES_KEY_BASE + (i - 1) * PIECE_STRIDE +
@@ -120,7 +118,6 @@ class ServerLink:
                                    "match the servers and client groups started, or raise "
                                    "KVHYBRID_CONNECT_TIMEOUT"):
             self._kv = mx.kv.create(mode)
-        self._secret = auth.job_secret()   # StoreConfig checked it on every rank
         self._ids: Dict[Key, int] = {}
         self._bounds: Dict[Key, np.ndarray] = {}   # row ranges of each table's pieces
         self._probes = 0  # probe keys count down from PROBE_KEY_TOP
@@ -383,7 +380,7 @@ class ServerLink:
                     self.requests += 1
                 pack.array.wait_to_read()
                 self._kv.init(pack.pid, pack.array)
-            self._send(PackCommand({p.pid: p.layout() for p in new}))
+            self._kv.set_optimizer(PackCommand({p.pid: p.layout() for p in new}))
         self._packs += new
         self._packed.update(packs.by_key(new))
         log.debug("packed %d small keys into %d ps-lite keys",
@@ -440,7 +437,7 @@ class ServerLink:
         may come before other masters' pushes land: pull until the value moves (5 s at most).
         """
         with self._waiting("the parameter servers to take the optimizer"):
-            self._send(ServerOptimizer(self._for_servers(optimizer, pieces)))
+            self._kv.set_optimizer(ServerOptimizer(self._for_servers(optimizer, pieces)))
         if self.rejoin:   # the first start probed these servers; they keep their states
             self.packing = self.pack_keys
             return True
@@ -466,14 +463,6 @@ class ServerLink:
         self.packing = took and self.pack_keys
         return took
 
-    def _send(self, obj) -> None:
-        """Hand ``obj`` to every server, as MXNet's ``set_optimizer`` does, but signed with
-        the job's secret: kvhybrid's servers (``ps_node``) unpickle nothing else. Returns
-        when every server has run it."""
-        self._kv._send_command_to_servers(MX_CONTROLLER, auth.sign(obj, self._secret))
-        if getattr(obj, "multi_precision", False):
-            self._kv._send_command_to_servers(MX_SET_MULTI_PRECISION, "")
-
     @staticmethod
     def _for_servers(optimizer, pieces: int = 1):
         """A copy whose multipliers are keyed by ps-lite key. MXNet drops ``param_dict``
@@ -494,7 +483,7 @@ class ServerLink:
         (``server_side.command``); returns when every server has run it."""
         with self._waiting(f"the parameter servers to {action} their optimizer states in "
                            f"{directory}"):
-            self._send(Command(action, directory, token, keys))
+            self._kv.set_optimizer(Command(action, directory, token, keys))
 
     def ps_keys(self, key: Key) -> List[int]:
         """The ps-lite keys that hold ``key`` on the servers: itself, or its table's pieces."""
