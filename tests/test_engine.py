@@ -24,7 +24,9 @@ def test_submit_returns_before_the_inputs_are_computed(seen):
 
 
 def test_collectives_run_in_submission_order_whatever_the_engine_finishes_first(seen):
-    # "fast" is ready at once and "slow" a second later: MPI must still see slow first
+    # "fast" is ready at once and "slow" only once the worker lets it go: MPI must still
+    # see slow first, and nothing of fast while slow is held
+    assert all(s["fast_held_back"] for s in seen), seen
     assert all(s["order"] == ["slow", "fast"] for s in seen), seen
     assert all(s["sums_right"] for s in seen), seen
 
