@@ -1,22 +1,29 @@
 """kvhybrid: a hybrid MPI + parameter-server KVStore for MXNet.
 
-``import kvhybrid`` registers ``mx.kv.create('hybrid-mpi')``.
+``import kvhybrid`` registers ``mx.kv.create('hybrid-mpi')`` (and its async and elastic
+siblings) with MXNet: at once if MXNet is loaded, else when it is. The import itself is
+light: the store, MPI and MXNet load when first used (``kvhybrid.DistributedTrainer``,
+``mx.kv.create``), so ``kvhybrid-launch`` and the parameter servers start without them.
 """
-import os as _os
+from ._lazy import lazy_exports as _lazy_exports
+
+from .kvstore.registry import file_when_mxnet_loads as _file_when_mxnet_loads
 
 __version__ = "0.1.0"
 
-if _os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
-    # A scheduler or parameter server (kvstore/ps_node.py) needs only kvstore.auth and
-    # kvstore.server_side: not the store, MPI, or MXNet before ps_node imports it.
-    from .config import StoreConfig
-    from .errors import ConfigError, KeyValueError, KVHybridError, NotInMPIJobError
-    from .kvstore import (DistributedTrainer, HybridMPIStore, broadcast_parameters,
-                          load_checkpoint, prefetch, register as _register, save_checkpoint)
+#: public name -> the module that defines it
+_EXPORTS = {
+    "HybridMPIStore": ".kvstore.store",
+    "DistributedTrainer": ".kvstore.trainer", "prefetch": ".kvstore.trainer",
+    "broadcast_parameters": ".kvstore.parameters",
+    "save_checkpoint": ".kvstore.checkpoint", "load_checkpoint": ".kvstore.checkpoint",
+    "StoreConfig": ".config",
+    "KVHybridError": ".errors", "KeyValueError": ".errors", "NotInMPIJobError": ".errors",
+    "ConfigError": ".errors",
+}
+__all__ = list(_EXPORTS) + ["__version__"]
 
-    __all__ = ["HybridMPIStore", "DistributedTrainer", "broadcast_parameters", "prefetch",
-               "save_checkpoint",
-               "load_checkpoint", "StoreConfig", "KVHybridError", "KeyValueError",
-               "NotInMPIJobError", "ConfigError", "__version__"]
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, list(globals()))
 
-    _register()
+
+_file_when_mxnet_loads()

@@ -2,7 +2,7 @@
 
 ``mx.kv.create('hybrid-mpi')`` passes no arguments, so everything that can be
 configured comes from ``KVHYBRID_*`` variables (documented in README.md).
-Values are validated up front; a bad one raises :class:`ConfigError` naming
+Values are validated up front; a bad one raises :class:`kvhybrid.ConfigError` naming
 the variable and a value that would work.
 """
 from __future__ import annotations
@@ -11,7 +11,14 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Callable, Dict, Mapping, Optional
 
-from .errors import ConfigError
+
+def _refused(message: str) -> Exception:
+    """The :class:`kvhybrid.errors.ConfigError` to raise. It is an ``mx.base.MXNetError``,
+    so it is imported only when a value is refused: reading settings costs no MXNet import
+    (the launcher checks them before starting anything)."""
+    from .errors import ConfigError
+    return ConfigError(message)
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -23,7 +30,7 @@ def _parse_bool(name: str, raw: str) -> bool:
         return True
     if low in _FALSE:
         return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean: set it to 1 or 0")
+    raise _refused(f"{name}={raw!r} is not a boolean: set it to 1 or 0")
 
 
 def _number(kind, allowed: Callable, fix: Callable[[str], str]) -> Callable:
@@ -33,9 +40,9 @@ def _number(kind, allowed: Callable, fix: Callable[[str], str]) -> Callable:
         try:
             value = kind(raw)
         except ValueError:
-            raise ConfigError(f"{name}={raw!r} is not a number: {fix(name)}") from None
+            raise _refused(f"{name}={raw!r} is not a number: {fix(name)}") from None
         if not allowed(value):
-            raise ConfigError(f"{name}={raw!r} is out of range: {fix(name)}")
+            raise _refused(f"{name}={raw!r} is out of range: {fix(name)}")
         return value
     return parse
 
@@ -61,7 +68,7 @@ def _parse_algorithm(name: str, raw: str) -> str:
     from .tensor_collectives.algorithms import ALGORITHMS
     value = raw.strip().lower()
     if value != "auto" and value not in ALGORITHMS:
-        raise ConfigError(f"{name}={raw!r} is not an allreduce algorithm: set it to auto or one "
+        raise _refused(f"{name}={raw!r} is not an allreduce algorithm: set it to auto or one "
                           f"of {', '.join(ALGORITHMS)}")
     return value
 
@@ -73,7 +80,7 @@ ROW_MASTERS = ("group", "host")
 def _parse_row_masters(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value not in ROW_MASTERS:
-        raise ConfigError(f"{name}={raw!r}: set it to group (the group's master pushes the "
+        raise _refused(f"{name}={raw!r}: set it to group (the group's master pushes the "
                           "group's rows) or host (each host's first rank pushes its host's rows)")
     return value
 
@@ -84,7 +91,7 @@ def _parse_routes(name: str, raw: str) -> Dict[str, str]:
     for item in filter(None, (part.strip() for part in raw.split(","))):
         key, sep, route = (x.strip() for x in item.partition("="))
         if not sep or not key or route not in ROUTES:
-            raise ConfigError(f"{name}={raw!r}: {item!r} is not key=route; write e.g. "
+            raise _refused(f"{name}={raw!r}: {item!r} is not key=route; write e.g. "
                               f"{name}=embedding0_weight=dense,3=servers with a route out of "
                               f"{', '.join(ROUTES)}")
         routes[key] = route
@@ -204,11 +211,11 @@ class StoreConfig:
         if values.get("num_servers", 0) == 0 or env.get("DMLC_ROLE") != "worker":
             values["num_clients"] = 1  # DMLC_NUM_WORKER counts ps-lite workers, if any
         elif values.get("num_clients", 1) < 1:
-            raise ConfigError("DMLC_NUM_WORKER must be the number of client groups (>= 1)")
+            raise _refused("DMLC_NUM_WORKER must be the number of client groups (>= 1)")
         else:   # a master signs its commands to the servers (kvstore/auth.py)
             from .kvstore.auth import AuthError, job_secret
             try:
                 job_secret(env)
             except AuthError as exc:
-                raise ConfigError(str(exc)) from None
+                raise _refused(str(exc)) from None
         return cls(**values)

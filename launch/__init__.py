@@ -1,5 +1,8 @@
-"""kvhybrid's launcher (``kvhybrid-launch``): starts the MPI ranks of a job.
+"""kvhybrid's launcher (``kvhybrid-launch``): sizes a job and starts its scheduler, parameter
+servers and one ``mpirun`` per client group, on this machine or over ssh or Slurm, then
+supervises them (one failure ends the job, naming the process).
 
-Installed as ``kvhybrid.launch``. So far it starts pure-MPI jobs (one client
-group, no parameter servers) through the system's ``mpirun``.
+Installed as ``kvhybrid.launch``. It imports no MXNet and no MPI (``import kvhybrid`` is
+light), so it starts in a fraction of a second; the tuner imports the store's parts only
+when ``--tune-partitions`` is given.
 """

@@ -25,6 +25,7 @@ import mxnet as mx
 from ..config import StoreConfig
 from ..errors import ConfigError, KeyValueError
 from ..kvstore.keys import Key, KeySlot, zeros
+from ..kvstore.registry import ELASTIC_TYPE
 from ..kvstore.store import HybridMPIStore
 from ..tensor_collectives import broadcast_array
 from .center import center_optimizer
@@ -32,8 +33,6 @@ from .client import pull_toward_center
 
 log = logging.getLogger("kvhybrid")
 
-ELASTIC_NAME = "hybrid-mpi-elastic"
-ELASTIC_TYPE = "dist_async_hybrid-mpi-elastic"   # "async": Gluon then updates on the store
 
 
 class HybridMPIElasticStore(HybridMPIStore):

@@ -1,12 +1,18 @@
-"""The store, its registration with MXNet, and key handling."""
-import os as _os
+"""The store, its registration with MXNet, and key handling.
 
-if _os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):   # see kvhybrid/__init__.py
-    from .store import NAME, TYPE, HybridMPIAsyncStore, HybridMPIStore
-    from .registry import register
-    from .parameters import broadcast_parameters
-    from .trainer import DistributedTrainer, prefetch
-    from .checkpoint import load_checkpoint, save_checkpoint
+Names are imported when first used (``kvhybrid.kvstore.HybridMPIStore`` imports MXNet and
+MPI then), so the light modules here (``auth``, ``registry``) cost no MXNet import.
+"""
+from .._lazy import lazy_exports as _lazy_exports
 
-    __all__ = ["HybridMPIStore", "DistributedTrainer", "HybridMPIAsyncStore", "NAME", "TYPE",
-               "register", "broadcast_parameters", "prefetch", "save_checkpoint", "load_checkpoint"]
+#: public name -> the module that defines it
+_EXPORTS = {
+    "HybridMPIStore": ".store", "HybridMPIAsyncStore": ".store",
+    "NAME": ".registry", "TYPE": ".registry", "register": ".registry",
+    "broadcast_parameters": ".parameters",
+    "DistributedTrainer": ".trainer", "prefetch": ".trainer",
+    "save_checkpoint": ".checkpoint", "load_checkpoint": ".checkpoint",
+}
+__all__ = list(_EXPORTS)
+
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, list(globals()))

@@ -1,29 +1,75 @@
-"""Filing the store in MXNet's KVStore registry.
+"""Filing the stores in MXNet's KVStore registry, without importing MXNet or MPI.
 
-``@KVStoreBase.register`` would file the class under its lower-cased class
-name; ``hybrid-mpi`` has a hyphen, so the registry entry is written directly.
-The store's ``type`` is filed too, so ``mx.kv.create(kv.type)`` round-trips
-and ``gluon.Trainer(..., kvstore='dist_sync_hybrid-mpi')`` (a name holding
-``dist``, which Gluon needs to create a store for a single device) works.
+``import kvhybrid`` calls ``file_when_mxnet_loads``: if MXNet is loaded, the stores are
+filed at once; else the moment ``import mxnet`` finishes (an import hook), so
+``import kvhybrid`` alone stays light (the launcher, ``kvhybrid-launch``, needs no MXNet).
+What is filed is a small factory per name that imports the store's module when
+``mx.kv.create(name)`` first builds one: MPI starts then, not at import.
+
+``@KVStoreBase.register`` would file a class under its lower-cased class name;
+``hybrid-mpi`` has a hyphen, so the registry entries are written directly. Each store's
+``type`` is filed too, so ``mx.kv.create(kv.type)`` round-trips and
+``gluon.Trainer(..., kvstore='dist_sync_hybrid-mpi')`` (a name holding ``dist``, which
+Gluon needs to create a store for a single device) works.
 
 MXNet's own ``dist_*`` stores in a process that imported kvhybrid sign the optimizer they
 send to the servers when the job has a secret (``sign_mxnet_commands``): kvhybrid's servers
 (``ps_node``) take no other, so a plain ``dist_sync`` script runs under ``kvhybrid-launch``
 with one ``import kvhybrid``.
 """
-import functools
+from __future__ import annotations
 
-from mxnet.kvstore import KVStore, KVStoreBase
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+from typing import Callable, Dict, Tuple
 
 from . import auth
 
-from .store import ASYNC_NAME, ASYNC_TYPE, NAME, TYPE, HybridMPIAsyncStore, HybridMPIStore
+NAME = "hybrid-mpi"
+#: ``'dist'`` and ``'sync'`` in the type make Gluon treat the store as a
+#: synchronous distributed one, as it treats MXNet's ``dist_sync``.
+TYPE = "dist_sync_hybrid-mpi"
+#: mpi-ASGD: synchronous inside a client group, asynchronous between groups.
+ASYNC_NAME = "hybrid-mpi-async"
+#: ``'async'`` in the type makes Gluon update on the store, as with ``dist_async``.
+ASYNC_TYPE = "dist_async_hybrid-mpi"
+#: mpi-ESGD (kvhybrid/elastic/); "async": Gluon then updates on the store
+ELASTIC_NAME = "hybrid-mpi-elastic"
+ELASTIC_TYPE = "dist_async_hybrid-mpi-elastic"
+
+_SYNC = ("kvhybrid.kvstore.store", "HybridMPIStore")
+_ASYNC = ("kvhybrid.kvstore.store", "HybridMPIAsyncStore")
+_ELASTIC = ("kvhybrid.elastic.store", "HybridMPIElasticStore")
+#: what ``mx.kv.create(name)`` builds: (module, class)
+STORES: Dict[str, Tuple[str, str]] = {
+    NAME: _SYNC, TYPE: _SYNC, ASYNC_NAME: _ASYNC, ASYNC_TYPE: _ASYNC,
+    ELASTIC_NAME: _ELASTIC, ELASTIC_TYPE: _ELASTIC}
+
+
+def store_class(name: str) -> type:
+    """The class ``mx.kv.create(name)`` builds (imports its module, hence MXNet and MPI)."""
+    module, cls = STORES[name]
+    return getattr(importlib.import_module(module), cls)
+
+
+def _factory(name: str) -> Callable[[], object]:
+    module, cls = STORES[name]
+
+    def create():
+        return store_class(name)()
+
+    create.__module__, create.__name__, create.__qualname__ = module, cls, cls
+    return create
 
 
 def sign_mxnet_commands() -> None:
     """Make ``KVStore._send_command_to_servers`` sign pickled commands (``auth.CONTROLLER``)
     with the job's secret, if there is one; idempotent. Every command to the servers goes
     through it: MXNet's ``set_optimizer`` and kvhybrid's masters (``ServerLink``) alike."""
+    from mxnet.kvstore import KVStore
     send = KVStore._send_command_to_servers
     if getattr(send, "kvhybrid_signs", False):
         return
@@ -43,11 +89,39 @@ def sign_mxnet_commands() -> None:
 
 
 def register() -> None:
+    """File every kvhybrid store in MXNet's registry (MXNet must be loaded)."""
+    from mxnet.kvstore import KVStoreBase
     sign_mxnet_commands()
-    from ..elastic.store import ELASTIC_NAME, ELASTIC_TYPE, HybridMPIElasticStore
-    for name in (ELASTIC_NAME, ELASTIC_TYPE):
-        KVStoreBase.kv_registry[name] = HybridMPIElasticStore
-    for name in (NAME, TYPE):
-        KVStoreBase.kv_registry[name] = HybridMPIStore
-    for name in (ASYNC_NAME, ASYNC_TYPE):
-        KVStoreBase.kv_registry[name] = HybridMPIAsyncStore
+    for name in STORES:
+        KVStoreBase.kv_registry[name] = _factory(name)
+
+
+class _RegisterAfterMXNet(importlib.abc.MetaPathFinder):
+    """Finds ``mxnet`` as Python would and calls ``register`` once its import finished."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "mxnet":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            register()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def file_when_mxnet_loads() -> None:
+    """``register`` now if MXNet is loaded, else right after ``import mxnet``."""
+    mxnet = sys.modules.get("mxnet")
+    if mxnet is not None and hasattr(mxnet, "kvstore"):
+        register()
+    elif not any(isinstance(f, _RegisterAfterMXNet) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterMXNet())

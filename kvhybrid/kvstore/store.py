@@ -62,18 +62,11 @@ from ..tensor_collectives.engine import EngineComm, thread_level_ok
 from . import overlap, routing, sparse
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec, zeros
+from .registry import ASYNC_TYPE, NAME, TYPE
 from .servers import ServerLink, server_link
 
 log = logging.getLogger("kvhybrid")
 
-NAME = "hybrid-mpi"
-#: ``'dist'`` and ``'sync'`` in the type make Gluon treat the store as a
-#: synchronous distributed one, as it treats MXNet's ``dist_sync``.
-TYPE = "dist_sync_hybrid-mpi"
-#: mpi-ASGD: synchronous inside a client group, asynchronous between groups.
-ASYNC_NAME = "hybrid-mpi-async"
-#: ``'async'`` in the type makes Gluon update on the store, as with ``dist_async``.
-ASYNC_TYPE = "dist_async_hybrid-mpi"
 #: step times kept for KVHYBRID_STATS_FILE (the tuner reads them): a bounded clock
 MAX_TICKS = 10_001
 
