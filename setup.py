@@ -19,9 +19,9 @@ setup(
         # Horovod must be built against the installed MXNet; see scripts/setup.sh for the flags
         # (HOROVOD_WITH_MXNET=1 HOROVOD_WITH_MPI=1, pip --no-build-isolation).
         "horovod": ["horovod==0.28.1"],
-        # python -m kvhybrid.bench.*: plots; the load benchmark samples CPU with psutil
+        # benchmarks/ (python -m benchmarks.*, from the repository; not installed): plots; the load benchmark samples CPU with psutil
         "bench": ["matplotlib>=3.5", "psutil>=5.9"],
-        # python -m kvhybrid.experiments: scikit-learn's digits dataset
+        # experiments/ (python -m experiments, from the repository; not installed): scikit-learn's digits dataset
         "experiments": ["scikit-learn>=1.1"],
         "test": ["pytest>=7", "pytest-timeout>=2", "psutil>=5.9", "scikit-learn>=1.1",
                  "matplotlib>=3.5"],

@@ -48,7 +48,7 @@ def _number(kind, allowed: Callable, fix: Callable[[str], str]) -> Callable:
 
 
 def _max_partitions() -> int:
-    from .kvstore.servers import MAX_PARTITIONS
+    from .kvstore.ps.link import MAX_PARTITIONS
     return MAX_PARTITIONS
 
 
@@ -133,7 +133,7 @@ class StoreConfig:
     bucket_bytes: int = 4 * 2**20
     #: KVHYBRID_PACK_KEYS: with several client groups and the optimizer on the servers,
     #: the small dense keys of a multi-key call travel to the servers packed into a few
-    #: ps-lite keys (kvstore/packs.py: ps-lite keeps memory for every request for good).
+    #: ps-lite keys (kvstore/ps/packs.py: ps-lite keeps memory for every request for good).
     pack_keys: bool = True
     #: KVHYBRID_ALLREDUCE: the algorithm for dense sums; auto picks one by message
     #: size and the group's hosts (tensor_collectives/algorithms.py).
@@ -212,8 +212,8 @@ class StoreConfig:
             values["num_clients"] = 1  # DMLC_NUM_WORKER counts ps-lite workers, if any
         elif values.get("num_clients", 1) < 1:
             raise _refused("DMLC_NUM_WORKER must be the number of client groups (>= 1)")
-        else:   # a master signs its commands to the servers (kvstore/auth.py)
-            from .kvstore.auth import AuthError, job_secret
+        else:   # a master signs its commands to the servers (kvstore/ps/auth.py)
+            from .kvstore.ps.auth import AuthError, job_secret
             try:
                 job_secret(env)
             except AuthError as exc:

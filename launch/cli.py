@@ -30,7 +30,7 @@ from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
 from .supervisor import Supervisor
 from .transport import (TRANSPORTS, address, check_ssh, free_port, hand_secret, listening,
                         take_back_secret, wrap)
-from kvhybrid.kvstore.auth import SECRET_FILE_VAR, SECRET_VAR, new_secret
+from kvhybrid.kvstore.ps.auth import SECRET_FILE_VAR, SECRET_VAR, new_secret
 
 log = logging.getLogger("kvhybrid.launch")
 
@@ -174,7 +174,7 @@ class Job:
         self.mpi_kind = flavour(self.mpirun)
         self.base_env = job_env({})
         if plan.num_servers:
-            # the servers unpickle only commands signed with it (kvstore/auth.py); it travels
+            # the servers unpickle only commands signed with it (kvstore/ps/auth.py); it travels
             # in environments and files, never on a command line. A user's own is kept.
             self.base_env.pop(SECRET_FILE_VAR, None)
             self.base_env[SECRET_VAR] = os.environ.get(SECRET_VAR) or new_secret()
@@ -217,7 +217,7 @@ class Job:
         if host in self.secret_files:
             env[SECRET_FILE_VAR] = self.secret_files[host]
         # MXNet's loop, but commands are unpickled only when signed with the job's secret
-        cmd = [sys.executable, "-m", "kvhybrid.kvstore.ps_node"]
+        cmd = [sys.executable, "-m", "kvhybrid.kvstore.ps.node"]
         return wrap(self.transport, host, cmd, env, self.base_env), {**self.base_env, **env}
 
     def client(self, c):
@@ -362,7 +362,7 @@ def tune_partitions(args, plan: JobPlan, sig: str) -> int:
         os.environ.update(env)
         return run_once(args, plan)
 
-    from kvhybrid.kvstore.servers import MAX_PARTITIONS  # imports MXNet: only when tuning
+    from kvhybrid.kvstore.ps.link import MAX_PARTITIONS  # imports MXNet: only when tuning
     start = tune.remembered(sig) or len(set(plan.server_hosts))
     return tune.tune(run_job, sig, start, MAX_PARTITIONS, args.tune_samples, args.tune_out)
 

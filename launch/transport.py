@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional
 
 from . import slurm
 from .hosts import HostError, is_local_name
-from kvhybrid.kvstore.auth import SECRET_VAR
+from kvhybrid.kvstore.ps.auth import SECRET_VAR
 from kvhybrid.procnet import listening_ports
 
 log = logging.getLogger("kvhybrid.launch")

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # The multi-machine tests run real daemons on emulated machines (network namespaces):
-# OpenSSH's server (tests/test_ssh.py) and Slurm with munge (tests/test_slurm.py). They are
+# OpenSSH's server (tests/mpi/test_ssh.py) and Slurm with munge (tests/mpi/test_slurm.py). They are
 # installed without starting their system services (a policy-rc.d during the install).
 if [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/slurmctld ] \
     || ! command -v salloc >/dev/null 2>&1; then
@@ -22,4 +22,4 @@ if [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/slur
   if [ "$added" = 1 ]; then rm -f "$policy"; fi
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-exec .venv/bin/python -m pytest -p no:cacheprovider --timeout 900 -q "$@" tests
+exec .venv/bin/python -m pytest -p no:cacheprovider --timeout 900 -q "$@"

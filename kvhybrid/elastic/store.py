@@ -50,7 +50,7 @@ class HybridMPIElasticStore(HybridMPIStore):
                               "(kvhybrid-launch --servers 1 or more), or use hybrid-mpi")
         # one call per key: the exchange happens where each key is updated
         super().__init__(dataclasses.replace(config, fusion_threshold=0))
-        self._cross = False   # groups never sum gradients: they meet through the centers
+        self._sum_across_groups = False   # groups meet through the centers, never sum
         self.alpha = config.elastic_alpha or 0.9 / self._num_clients
         self.interval = config.elastic_interval
         self._steps: Dict[Key, int] = {}
@@ -69,6 +69,9 @@ class HybridMPIElasticStore(HybridMPIStore):
 
     def _dense_on_servers(self) -> bool:
         return True   # each dense key's center variable, initialised from ps-lite rank 0
+
+    def _step_counts(self) -> Dict[Key, int]:
+        return self._steps   # a checkpoint saves and restores them in place
 
     def _server_optimizer(self, optimizer):
         return center_optimizer(self.alpha)

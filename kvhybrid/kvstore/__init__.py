@@ -1,7 +1,7 @@
 """The store, its registration with MXNet, and key handling.
 
 Names are imported when first used (``kvhybrid.kvstore.HybridMPIStore`` imports MXNet and
-MPI then), so the light modules here (``auth``, ``registry``) cost no MXNet import.
+MPI then), so the light modules here (``registry``, ``ps.auth``) cost no MXNet import.
 """
 from .._lazy import lazy_exports as _lazy_exports
 

@@ -9,7 +9,7 @@ What a checkpoint holds, whatever the mode and wherever the state lives:
   where their rows live (the parameter servers, or every rank);
 - the optimizer's state and update counts: the store's (it updates keys on every rank),
   the Trainer's (``update_on_kvstore=False``), and every parameter server's (the keys
-  the servers update: ``server_side.py`` saves them there);
+  the servers update: ``ps/server.py`` saves them there);
 - every value the servers hold: the weights of several client groups, the center
   variables of ``hybrid-mpi-elastic``; each client group's own weights and state when
   groups differ (async, elastic), and the elastic step counters;
@@ -36,7 +36,8 @@ import numpy as np
 import mxnet as mx
 
 from ..errors import KeyValueError, KVHybridError
-from . import server_side, sparse
+from . import sparse
+from .ps import server as ps_server
 from .keys import Key
 
 log = logging.getLogger("kvhybrid")
@@ -51,39 +52,38 @@ def save_checkpoint(trainer: mx.gluon.Trainer, directory: str, step: Optional[in
     client group calls it at the same point (between steps). ``step`` is kept for
     ``load_checkpoint`` to return."""
     store = _store_of(trainer, "save_checkpoint")
+    state = store.resume_state()
     directory = os.path.abspath(directory)
-    store._check("save_checkpoint", lambda: (None, f"save_checkpoint({directory!r}, {step})"))
+    store.agree_on("save_checkpoint", lambda: (None, f"save_checkpoint({directory!r}, {step})"))
     partial = directory + ".partial"
     token = _token(store)
     if store.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-    _world_barrier(store, "the checkpoint folder to be made")   # ...and every push applied
+    _world_barrier(store, state, "the checkpoint folder to be made")   # ...and every push applied
 
-    values = _values(trainer, store)          # collective: tables may live on the servers
-    client = store._client_rank
-    groups_differ = _groups_differ(store)
-    server_states = _server_states_kept(store)
-    links = store._servers is not None
-    if links and store._servers.ps_rank == 0:
-        _save_server_values(store, os.path.join(partial, "servers.params"))
+    values = _values(trainer, store, state)   # collective: tables may live on the servers
+    client = state.client_rank
+    server_states = _server_states_kept(store, state)
+    if state.servers is not None and state.servers.ps_rank == 0:
+        _save_server_values(state, os.path.join(partial, "servers.params"))
         if server_states:
-            store._servers.command("save", partial, token)
-            _wait_for_files(store, [server_side.state_file(partial, r)
+            state.servers.command("save", partial, token)
+            _wait_for_files(store, [ps_server.state_file(partial, r)
                                     for r in range(store.config.num_servers)], "save")
-    if store.group.rank == 0 and (groups_differ or client == 0):
+    if store.group.rank == 0 and (state.groups_differ or client == 0):
         mx.nd.save(os.path.join(partial, f"weights-{client}.params"),
                    {str(k): v for k, v in values.items()})
         with open(os.path.join(partial, f"optimizer-{client}.states"), "wb") as f:
-            pickle.dump(_optimizer_state(trainer, store), f)
+            pickle.dump(_optimizer_state(trainer, state), f)
     if store.rank == 0:
         with open(os.path.join(partial, "meta.json"), "w") as f:
-            json.dump(_meta(trainer, store, step, server_states, token), f, indent=1)
-    _world_barrier(store, f"every rank to write its part of checkpoint {directory}")
+            json.dump(_meta(trainer, store, state, step, server_states, token), f, indent=1)
+    _world_barrier(store, state, f"every rank to write its part of checkpoint {directory}")
     if store.rank == 0:
         _replace(partial, directory)
         log.info("kvhybrid: checkpoint of step %s saved in %s", step, directory)
-    _world_barrier(store, f"checkpoint {directory} to be renamed into place")
+    _world_barrier(store, state, f"checkpoint {directory} to be renamed into place")
 
 
 def load_checkpoint(trainer: mx.gluon.Trainer, directory: str) -> Dict[str, object]:
@@ -91,31 +91,32 @@ def load_checkpoint(trainer: mx.gluon.Trainer, directory: str) -> Dict[str, obje
     a job of the same shape, after creating the Trainer and before training. Returns the
     checkpoint's description (``meta.json``), whose ``"step"`` is the ``step`` saved."""
     store = _store_of(trainer, "load_checkpoint")
+    state = store.resume_state()
     directory = os.path.abspath(directory)
 
     def build():
         meta = _read_meta(directory)
-        _check_meta(meta, trainer, store, directory)
+        _check_meta(meta, trainer, store, state, directory)
         return meta, f"load_checkpoint of {directory!r}, token {meta['token']}"
 
-    meta = store._check("load_checkpoint", build, f" from {directory!r}")
-    store._prefetched.clear()   # rows fetched before the servers' values are replaced
-    client = store._client_rank if meta["groups_differ"] else 0
+    meta = store.agree_on("load_checkpoint", build, f" from {directory!r}")
+    store.forget_prefetched()   # rows fetched before the servers' values are replaced
+    client = state.client_rank if meta["groups_differ"] else 0
     values = mx.nd.load(os.path.join(directory, f"weights-{client}.params"))
     with open(os.path.join(directory, f"optimizer-{client}.states"), "rb") as f:
         optimizer_state = pickle.load(f)
 
     for index, param in enumerate(trainer._params):
         value = values[str(index)]
-        slot = store._slots.get(index)
+        slot = state.slots.get(index)
         if param._stype == "default":   # not set_data: that would drop the Trainer's store
             for arr in param.list_data():
                 value.copyto(arr)
         if slot is not None and slot.value is not None:
             value.copyto(slot.value)
-    _restore_servers(store, meta, directory, values)
-    _set_optimizer_state(trainer, store, optimizer_state)
-    _world_barrier(store, f"every rank to load checkpoint {directory}")
+    _restore_servers(store, state, directory, values)
+    _set_optimizer_state(trainer, state, optimizer_state)
+    _world_barrier(store, state, f"every rank to load checkpoint {directory}")
     log.info("kvhybrid: resumed from the checkpoint of step %s in %s", meta["step"], directory)
     return meta
 
@@ -137,7 +138,6 @@ def _store_of(trainer, what: str):
     if not isinstance(store, HybridMPIStore):
         raise KeyValueError(f"{what} is for a Trainer on a kvhybrid store (kvstore="
                             f"mx.kv.create('hybrid-mpi')), got {type(store).__name__}")
-    store._open()
     return store
 
 
@@ -147,66 +147,61 @@ def _token(store) -> str:
         return store.group.comm.bcast(uuid.uuid4().hex[:12], root=0)
 
 
-def _world_barrier(store, what: str) -> None:
+def _world_barrier(store, state, what: str) -> None:
     """Every rank of every group is here, and every master's pushes were applied."""
     with store.group.watchdog.waiting(what):
         store.group.comm.Barrier()
-    if store._servers is not None:
-        store._servers.barrier()
+    if state.servers is not None:
+        state.servers.barrier()
     with store.group.watchdog.waiting(what):
         store.group.comm.Barrier()
 
 
-def _groups_differ(store) -> bool:
-    """Whether each client group trains its own copy (groups meet only through servers)."""
-    return store.SERVER_MODE == "dist_async" and store._num_clients > 1
-
-
-def _server_states_kept(store) -> bool:
+def _server_states_kept(store, state) -> bool:
     """Whether the servers run an optimizer (they then hold optimizer states)."""
-    return bool(store.config.num_servers) and store._updater is not None
+    return bool(store.config.num_servers) and state.updater is not None
 
 
-def _values(trainer, store) -> Dict[Key, mx.nd.NDArray]:
+def _values(trainer, store, state) -> Dict[Key, mx.nd.NDArray]:
     """Each Parameter's value as this group holds it (sparse weights whole, on every rank)."""
     values = {}
     for index, param in enumerate(trainer._params):
-        slot = store._slots.get(index)
+        slot = state.slots.get(index)
         if param._stype == "default":
             values[index] = param.list_data()[0].copyto(mx.cpu())
         elif slot.rows_on_servers:
             table = mx.nd.zeros(slot.shape, mx.cpu(), dtype=slot.dtype)
-            sparse.pull_whole_table(index, slot, table, store.row_group, store._servers)
+            sparse.pull_whole_table(index, slot, table, store.row_group, state.servers)
             values[index] = table
         else:
             values[index] = slot.value.copyto(mx.cpu())
     return values
 
 
-def _keys_on_servers(store) -> List[Key]:
+def _keys_on_servers(state) -> List[Key]:
     """Keys whose dense value lives on the servers (all groups' weights, or the centers)."""
-    if not store._dense_on_servers():
+    if not state.dense_on_servers:
         return []
-    return [k for k, s in store._slots.items() if not s.rows_on_servers and s.count]
+    return [k for k, s in state.slots.items() if not s.rows_on_servers and s.count]
 
 
-def _save_server_values(store, path: str) -> None:
-    keys = _keys_on_servers(store)
-    out = [mx.nd.zeros(store._slots[k].shape, mx.cpu(), dtype=store._slots[k].dtype) for k in keys]
-    store._servers.pull_many(list(zip(keys, out)))
+def _save_server_values(state, path: str) -> None:
+    keys = _keys_on_servers(state)
+    out = [mx.nd.zeros(state.slots[k].shape, mx.cpu(), dtype=state.slots[k].dtype) for k in keys]
+    state.servers.pull_many(list(zip(keys, out)))
     if keys:
         mx.nd.save(path, {str(k): v for k, v in zip(keys, out)})
 
 
-def _optimizer_state(trainer, store) -> Dict[str, object]:
+def _optimizer_state(trainer, state) -> Dict[str, object]:
     optimizer = trainer._optimizer
     return {
-        "store": store._updater.get_states(False) if store._updater is not None else None,
+        "store": state.updater.get_states(False) if state.updater is not None else None,
         "trainer": (trainer._updaters[0].get_states(False)
                     if trainer._updaters and not trainer._update_on_kvstore else None),
         "num_update": optimizer.num_update,
         "counts": optimizer._all_index_update_counts,
-        "elastic_steps": dict(getattr(store, "_steps", {})),
+        "elastic_steps": dict(state.step_counts),
     }
 
 
@@ -215,14 +210,14 @@ def _param_specs(trainer) -> List[Dict[str, object]]:
              "stype": p._stype} for p in trainer._params]
 
 
-def _meta(trainer, store, step, server_states: bool, token: str = "") -> Dict[str, object]:
+def _meta(trainer, store, state, step, server_states: bool, token: str = "") -> Dict[str, object]:
     return {"format": FORMAT, "token": token, "saved": time.strftime("%F %T"),
             "step": step, "store": store.type, "workers": store.num_workers,
-            "clients": store._num_clients, "group_size": store.group.size,
+            "clients": state.num_clients, "group_size": store.group.size,
             "servers": store.config.num_servers, "partitions": store.config.partitions,
             "row_masters": store.config.row_masters,
             "update_on_kvstore": bool(trainer._update_on_kvstore),
-            "groups_differ": _groups_differ(store), "server_states": server_states,
+            "groups_differ": state.groups_differ, "server_states": server_states,
             "params": _param_specs(trainer)}
 
 
@@ -271,9 +266,9 @@ def _read_meta(directory: str) -> Dict[str, object]:
     return meta
 
 
-def _check_meta(meta, trainer, store, directory: str) -> None:
+def _check_meta(meta, trainer, store, state, directory: str) -> None:
     """Refuse a checkpoint that cannot resume this job, naming what differs and the fix."""
-    now = _meta(trainer, store, None, _server_states_kept(store))
+    now = _meta(trainer, store, state, None, _server_states_kept(store, state))
     fixes = {"store": "create the same store (mx.kv.create)",
              "workers": "start as many workers (-n)", "clients": "start as many client groups "
              "(--clients)", "group_size": "start as many workers per group",
@@ -295,21 +290,21 @@ def _check_meta(meta, trainer, store, directory: str) -> None:
                             "and pass its parameters in the same order")
 
 
-def _restore_servers(store, meta, directory: str, values) -> None:
+def _restore_servers(store, state, directory: str, values) -> None:
     """Put the saved values (and optimizer states) back on the servers: the servers are
     told which keys to set, then each key is pushed once and read back."""
-    links = store._servers
+    links = state.servers
     if links is None:
         return
     servers_file = os.path.join(directory, "servers.params")
     dense = mx.nd.load(servers_file) if os.path.exists(servers_file) else {}
-    keys = _keys_on_servers(store)
-    tables = [k for k, s in store._slots.items() if s.rows_on_servers]
+    keys = _keys_on_servers(state)
+    tables = [k for k, s in state.slots.items() if s.rows_on_servers]
     kids = [kid for k in keys + tables for kid in links.ps_keys(k)]
     token = uuid.uuid4().hex[:12]
-    if store._updater is not None and links.ps_rank == 0:
+    if state.updater is not None and links.ps_rank == 0:
         links.command("load", directory, token, kids)
-        _wait_for_files(store, [server_side.ack_file(directory, r, token)
+        _wait_for_files(store, [ps_server.ack_file(directory, r, token)
                                 for r in range(store.config.num_servers)], "load")
     links.barrier()   # every server knows which keys to set before any is pushed
     first = links.ps_rank == 0
@@ -323,7 +318,7 @@ def _restore_servers(store, meta, directory: str, values) -> None:
         links.push_pull_views([(k, v, np.empty_like(v)) for k, v in zip(keys, sent)],
                               new_packs=False)
     for key in tables:
-        slot = store._slots[key]
+        slot = state.slots[key]
         ids = np.arange(slot.shape[0], dtype=np.int64)
         rows = values[str(key)].asnumpy()
         if first or sync:
@@ -335,12 +330,12 @@ def _restore_servers(store, meta, directory: str, values) -> None:
     for key, value in zip(keys, got):
         _check_restored(key, value.asnumpy(), dense[str(key)].asnumpy())
     for key in tables:
-        slot = store._slots[key]
+        slot = state.slots[key]
         ids = np.arange(slot.shape[0], dtype=np.int64)
         _check_restored(key, links.pull_rows(key, ids, slot.shape, slot.dtype),
                         values[str(key)].asnumpy())
     for server in range(store.config.num_servers):
-        path = server_side.ack_file(directory, server, token)
+        path = ps_server.ack_file(directory, server, token)
         if first and os.path.exists(path):
             os.remove(path)
 
@@ -353,19 +348,18 @@ def _check_restored(key: Key, got: np.ndarray, want: np.ndarray) -> None:
                             "kvhybrid?); restart the job")
 
 
-def _set_optimizer_state(trainer, store, state) -> None:
-    if state["store"] is not None and store._updater is not None:
-        store._updater.set_states(state["store"])
-    if state["trainer"] is not None:
+def _set_optimizer_state(trainer, state, saved) -> None:
+    if saved["store"] is not None and state.updater is not None:
+        state.updater.set_states(saved["store"])
+    if saved["trainer"] is not None:
         for updater in trainer._updaters:
-            updater.set_states(state["trainer"])
+            updater.set_states(saved["trainer"])
     optimizers = {id(trainer._optimizer): trainer._optimizer}
-    if store._updater is not None:
-        optimizers[id(store._updater.optimizer)] = store._updater.optimizer
+    if state.updater is not None:
+        optimizers[id(state.updater.optimizer)] = state.updater.optimizer
     for optimizer in optimizers.values():
-        optimizer.num_update = state["num_update"]
-        optimizer._all_index_update_counts = pickle.loads(pickle.dumps(state["counts"]))
+        optimizer.num_update = saved["num_update"]
+        optimizer._all_index_update_counts = pickle.loads(pickle.dumps(saved["counts"]))
         optimizer._index_update_count = optimizer._all_index_update_counts.setdefault(0, {})
-    if hasattr(store, "_steps"):
-        store._steps.clear()
-        store._steps.update(state["elastic_steps"])
+    state.step_counts.clear()
+    state.step_counts.update(saved["elastic_steps"])

@@ -14,7 +14,7 @@ Gluon needs to create a store for a single device) works.
 
 MXNet's own ``dist_*`` stores in a process that imported kvhybrid sign the optimizer they
 send to the servers when the job has a secret (``sign_mxnet_commands``): kvhybrid's servers
-(``ps_node``) take no other, so a plain ``dist_sync`` script runs under ``kvhybrid-launch``
+(``ps.node``) take no other, so a plain ``dist_sync`` script runs under ``kvhybrid-launch``
 with one ``import kvhybrid``.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import importlib.machinery
 import sys
 from typing import Callable, Dict, Tuple
 
-from . import auth
+from .ps import auth
 
 NAME = "hybrid-mpi"
 #: ``'dist'`` and ``'sync'`` in the type make Gluon treat the store as a

@@ -40,7 +40,7 @@ from ..tensor_collectives.rows import (allreduce_rows, gather_ids, gather_rows, 
                                        scatter_rows, sum_rows)
 from .agreement import explain
 from .keys import Key, KeySlot
-from .servers import ServerLink
+from .ps.link import ServerLink
 
 
 def rows_live_on_servers(slot: KeySlot, num_servers: int, cross: bool) -> bool:

@@ -51,6 +51,7 @@ from mxnet.base import _LIB, KVStoreHandle, c_str, check_call
 from ..config import StoreConfig
 from ..errors import ConfigError, KeyValueError, KVHybridError
 from ..tensor_collectives import Group, allreduce_array, broadcast_array
+from ..tensor_collectives.group import GroupSettings
 from ..tensor_collectives.ops import broadcast_view
 from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
 from ..tensor_collectives.ndarray_view import ViewCache, is_host
@@ -63,7 +64,7 @@ from . import overlap, routing, sparse
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec, zeros
 from .registry import ASYNC_TYPE, NAME, TYPE
-from .servers import ServerLink, server_link
+from .ps.link import ServerLink, server_link
 
 log = logging.getLogger("kvhybrid")
 
@@ -117,6 +118,27 @@ def _call_key(key):
 
 
 @dataclass
+class ResumeState:
+    """What a checkpoint saves of a store and puts back (``checkpoint.py`` reads nothing
+    else of it): named here, so that the store's insides can change without breaking resume."""
+    #: every key: shape, dtype, its value on this rank, whether its rows live on the servers
+    slots: Dict[Key, KeySlot]
+    #: this rank's link to the parameter servers (a master's), else None
+    servers: Optional[ServerLink]
+    #: the store's own optimizer (None: the Trainer or only the servers update)
+    updater: Optional[mx.optimizer.Updater]
+    #: this client group's place among the groups, and how many there are
+    client_rank: int
+    num_clients: int
+    #: each group trains its own copy of the weights (async, several groups)
+    groups_differ: bool
+    #: dense values live on the servers (several groups' weights, or elastic centers)
+    dense_on_servers: bool
+    #: hybrid-mpi-elastic: each key's steps since its last exchange (restored in place)
+    step_counts: Dict[Key, int]
+
+
+@dataclass
 class CheckedCall:
     """A pushpull call that passed its checks, remembered for the next step."""
 
@@ -145,7 +167,11 @@ class HybridMPIStore(mx.kv.KVStore):
 
     def __init__(self, config: Optional[StoreConfig] = None):
         self.config = config or StoreConfig.from_env()
-        self.group = Group.world(self.config)   # this client group: the ranks of one mpirun job
+        # this client group: the ranks of one mpirun job
+        self.group = Group.world(GroupSettings(self.config.timeout, self.config.stall_warning,
+                                               self.config.allreduce,
+                                               self.config.emulate_node_size),
+                                 self.config.allow_singleton, self.config.abort_on_error)
         super().__init__(_native_local_handle())
         self._slots: Dict[Key, KeySlot] = {}
         self._fusion = FusionBuffer()
@@ -160,7 +186,8 @@ class HybridMPIStore(mx.kv.KVStore):
         # dense keys are summed across groups through the servers.
         self._servers: Optional[ServerLink] = None
         host_masters = self._check_row_masters()
-        self._cross = self.config.num_clients > 1 and not host_masters
+        #: whether dense sums go across client groups, through the servers
+        self._sum_across_groups = self.config.num_clients > 1 and not host_masters
         #: the ranks whose row_sparse gradients one master aggregates and exchanges with the
         #: servers: the whole group, or this rank's host (KVHYBRID_ROW_MASTERS=host)
         self.row_group = self._host_group() if host_masters else self.group
@@ -179,7 +206,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._engine = self._start_engine()
         #: dense pushpulls take the engine path (with several groups they go through the
         #: servers, blocking; the engine thread then serves prefetched rows only)
-        self._dense_on_engine = self._engine is not None and not self._cross
+        self._dense_on_engine = self._engine is not None and not self._sum_across_groups
         self._shared_grads = overlap.GradientBuffers()
         #: set_gradient_compression's 2bit compressor (per-key residuals of this worker)
         self._compressor: Optional[TwoBitCompressor] = None
@@ -232,9 +259,8 @@ class HybridMPIStore(mx.kv.KVStore):
                               f"{self.config.num_clients}: set DMLC_NUM_WORKER={hosts} "
                               "(kvhybrid-launch --row-masters host does) and run one client "
                               "group")
-        group = Group(self.group.MPI, topology.node, self.config, "host")   # a duplicate
+        group = self.group.derived(topology.node, "host")   # a duplicate
         topology.node.Free()
-        group.bytes_sent = self.group.bytes_sent   # one tally per process
         return group
 
     def _agree_on_clients(self, ps_rank: int):
@@ -260,8 +286,7 @@ class HybridMPIStore(mx.kv.KVStore):
                             "overlap backward: build MPI with thread support, or set "
                             "KVHYBRID_ENGINE=0 to silence this")
             return None
-        group = Group(self.group.MPI, self.group.comm, self.config, f"{self.group.name}-engine")
-        group.bytes_sent = self.group.bytes_sent   # one tally per process
+        group = self.group.derived(self.group.comm, f"{self.group.name}-engine")
         group.algorithms.patient = True   # its waits leave the cores to the engine
         return EngineComm(group)
 
@@ -311,7 +336,7 @@ class HybridMPIStore(mx.kv.KVStore):
         groups, or rows on the servers): the group's agreements then wait without spinning
         (``wait_patiently``), which leaves the cores to that rank and the servers. So do
         they on the engine path, where the engine computes while the ranks meet."""
-        return self._cross or self._rows_at_servers or self._dense_on_engine
+        return self._sum_across_groups or self._rows_at_servers or self._dense_on_engine
 
     def _note_rows_at_servers(self) -> None:
         self._rows_at_servers = any(s.rows_on_servers for s in self._slots.values())
@@ -330,6 +355,29 @@ class HybridMPIStore(mx.kv.KVStore):
     def num_workers(self) -> int:
         """All workers of all client groups (groups have equal sizes)."""
         return self._num_clients * self.group.size
+
+    # -- checkpoints (checkpoint.py) ------------------------------------------------------------
+    def resume_state(self) -> ResumeState:
+        """The parts of this store a checkpoint saves and restores (see ``ResumeState``)."""
+        self._open()
+        return ResumeState(
+            slots=self._slots, servers=self._servers, updater=self._updater,
+            client_rank=self._client_rank, num_clients=self._num_clients,
+            groups_differ=self.SERVER_MODE == "dist_async" and self._num_clients > 1,
+            dense_on_servers=self._dense_on_servers(), step_counts=self._step_counts())
+
+    def _step_counts(self) -> Dict[Key, int]:
+        return {}   # only elastic averaging counts steps per key
+
+    def agree_on(self, what: str, build, about: str = ""):
+        """Run ``build()`` on every rank (it returns (result, signature), or raises
+        KeyValueError) and agree: every rank raises the same error if any rank failed or
+        the signatures differ; returns this rank's result."""
+        return self._check(what, build, about)
+
+    def forget_prefetched(self) -> None:
+        """Drop rows fetched ahead (their values are about to be replaced)."""
+        self._prefetched.clear()
 
     def is_capable(self, capability: str) -> bool:
         if capability.lower() == mx.kv.KVStoreBase.OPTIMIZER:
@@ -428,7 +476,7 @@ class HybridMPIStore(mx.kv.KVStore):
             for (k, v), (_, o) in zip(ps, outs):
                 if k in self._slots:
                     check_matches(k, self._slots[k], v, "value")
-                    if self._cross:
+                    if self._sum_across_groups:
                         raise KeyValueError(f"key {k!r} is already initialised, and with several "
                                             "client groups a key is broadcast once: broadcast "
                                             "each key once")
@@ -446,11 +494,11 @@ class HybridMPIStore(mx.kv.KVStore):
 
     def _rows_on_servers(self, slot: KeySlot) -> bool:
         """Whether a key that carries rows keeps them on the servers (``sparse.py``)."""
-        return sparse.rows_live_on_servers(slot, self.config.num_servers, self._cross)
+        return sparse.rows_live_on_servers(slot, self.config.num_servers, self._sum_across_groups)
 
     def _dense_on_servers(self) -> bool:
         """Whether dense keys also live on the servers (summed across client groups there)."""
-        return self._cross
+        return self._sum_across_groups
 
     def _check_new_on_servers(self, key: Key) -> None:
         if self._dense_on_servers() and self._servers is not None:
@@ -574,9 +622,9 @@ class HybridMPIStore(mx.kv.KVStore):
             pass
         elif self._dense_on_engine:
             work = self._pushpull_engine(call)
-        elif len(work) > 1 and not self._cross and self.config.fusion_threshold:
+        elif len(work) > 1 and not self._sum_across_groups and self.config.fusion_threshold:
             work = self._pushpull_fused(call)
-        elif len(work) > 1 and self._cross:
+        elif len(work) > 1 and self._sum_across_groups:
             work = self._pushpull_across_groups(call)
         for k, value_k, out_k in work:
             slot = self._slots[k]
@@ -756,11 +804,11 @@ class HybridMPIStore(mx.kv.KVStore):
             if forced not in (default, "dense"):
                 raise KeyValueError(f"KVHYBRID_ROUTES sends key {key!r} to {forced!r}, which this "
                                     f"job cannot: its routes are {default!r} and 'dense'")
-            if forced == "dense" and self._cross:
+            if forced == "dense" and self._sum_across_groups:
                 raise KeyValueError(f"KVHYBRID_ROUTES sends row_sparse key {key!r} dense, which "
                                     "needs one client group: drop it or run one group")
             route, text = forced, f"key {key!r}: {forced} (forced by KVHYBRID_ROUTES)"
-        elif self._cross:
+        elif self._sum_across_groups:
             route, text = default, (f"key {key!r}: {default} (α={slot.alpha:.3f} on this rank; "
                                     "several client groups: set KVHYBRID_ROUTES to change it)")
         else:
@@ -875,7 +923,7 @@ class HybridMPIStore(mx.kv.KVStore):
             into = slot.value if slot.value is not None else out_k[0]
             if slot.rows_on_servers:
                 sparse.pull_whole_table(k, slot, into, self.row_group, self._servers)
-            elif self._cross:
+            elif self._sum_across_groups:
                 if self._servers is not None:
                     self._servers.pull(k, slot.value)
                 broadcast_array(slot.value, 0, self.group, name=f"key {k!r} from the servers",
@@ -1004,7 +1052,7 @@ class HybridMPIStore(mx.kv.KVStore):
         result = target if self._updater is None else slot.value
         if slot.count == 0:  # nothing to sum or update (MXNet's operators reject empty arrays)
             return result
-        if self._cross:
+        if self._sum_across_groups:
             # The master pushes the group's sum and pulls the servers' answer (the sum over
             # groups, or the weight updated by the servers' optimizer); the group gets it.
             if self._servers is not None:
@@ -1046,7 +1094,7 @@ class HybridMPIStore(mx.kv.KVStore):
                     "worker's KVHYBRID_SECRET differs from theirs: start every process of the "
                     "job with the same one (kvhybrid-launch does); if they log nothing, they "
                     "run MXNet's own server loop: start them with python -m "
-                    "kvhybrid.kvstore.ps_node")
+                    "kvhybrid.kvstore.ps.node")
 
     def _server_optimizer(self, optimizer):
         """What the servers run on the values they hold: the Trainer's optimizer."""
@@ -1074,7 +1122,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._compressor = TwoBitCompressor(params)
         self._dense_on_engine = False   # compressed sums run key by key, on this thread
         self._memo.clear()
-        if self._cross and self.group.size == 1 and self.SERVER_MODE == "dist_sync":
+        if self._sum_across_groups and self.group.size == 1 and self.SERVER_MODE == "dist_sync":
             # Every worker is a ps-lite worker (pure PS): what it pushes is its own codes
             # (±t or 0), which MXNet's compressor sends as they are (its residual stays 0)
             # and the servers decode. A bigger group's sum of codes needs more than 2 bits.
@@ -1087,7 +1135,7 @@ class HybridMPIStore(mx.kv.KVStore):
         if self._updater is None:
             raise KVHybridError("the store holds no optimizer state: call set_optimizer first "
                                 "(gluon.Trainer does so when update_on_kvstore=True)")
-        if self._cross or any(s.rows_on_servers for s in self._slots.values()):
+        if self._sum_across_groups or any(s.rows_on_servers for s in self._slots.values()):
             raise KVHybridError("the optimizer state of keys held by the parameter servers "
                                 "lives there: save it with kvhybrid.save_checkpoint(trainer, "
                                 "folder), which saves the servers' part too")
@@ -1106,7 +1154,7 @@ class HybridMPIStore(mx.kv.KVStore):
             if self._updater is None:
                 raise KeyValueError("the store has no optimizer to load states into: call "
                                     "set_optimizer first")
-            if self._cross:
+            if self._sum_across_groups:
                 raise KeyValueError("with several client groups the optimizer state lives on "
                                     "the parameter servers: resume with kvhybrid."
                                     "load_checkpoint(trainer, folder)")
@@ -1127,7 +1175,7 @@ class HybridMPIStore(mx.kv.KVStore):
         servers, until this group's pushes have been answered by them)."""
         with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
             self.group.comm.Barrier()
-        if self._cross or self.row_group is not self.group:
+        if self._sum_across_groups or self.row_group is not self.group:
             if self._servers is not None:
                 self._servers.barrier()
             with self.group.watchdog.waiting("the masters to leave the servers' barrier"):

@@ -2,17 +2,31 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Dict, Tuple
 
 import numpy as np
 import mxnet as mx
 
-from ..config import StoreConfig
 from .algorithms import Algorithms
 from .mpi_env import load_mpi
 from .watchdog import Watchdog, install_abort_on_uncaught_exception
 
 log = logging.getLogger("kvhybrid")
+
+
+@dataclass(frozen=True)
+class GroupSettings:
+    """The job's settings a group acts on (plain values: the collectives read no StoreConfig;
+    the store hands them over from ``KVHYBRID_*``)."""
+    #: seconds a blocking wait may take before the job is aborted with the wait named
+    timeout: float = 300.0
+    #: seconds after which a wait logs the ranks not yet there
+    stall_warning: float = 60.0
+    #: the dense allreduce algorithm: "auto" (measured per size) or one of ``ALGORITHMS``
+    allreduce: str = "auto"
+    #: count every k consecutive ranks of a host as one host (0: real hosts)
+    emulate_node_size: int = 0
 
 
 class Group:
@@ -23,16 +37,16 @@ class Group:
     that times every blocking wait on it.
     """
 
-    def __init__(self, MPI, comm, config: StoreConfig, name: str):
+    def __init__(self, MPI, comm, settings: GroupSettings, name: str):
         self.MPI = MPI
         self.comm = comm.Dup()
         self.name = name
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.config = config
-        self.watchdog = Watchdog(MPI, self.comm, config.timeout, config.stall_warning, name)
+        self.settings = settings
+        self.watchdog = Watchdog(MPI, self.comm, settings.timeout, settings.stall_warning, name)
         #: the allreduce algorithms and the selector between them
-        self.algorithms = Algorithms(self, config.allreduce, config.emulate_node_size)
+        self.algorithms = Algorithms(self, settings.allreduce, settings.emulate_node_size)
         self._staging: Dict[Tuple[int, str], mx.nd.NDArray] = {}
         #: bytes this rank has sent, by kind: "dense" and "rows" handed to MPI collectives,
         #: "servers" pushed to the parameter servers (a master's row_sparse pushes)
@@ -43,12 +57,22 @@ class Group:
         self.fused_in_place = 0
 
     @classmethod
-    def world(cls, config: StoreConfig) -> "Group":
-        """All ranks of the MPI job; raises NotInMPIJobError outside one."""
-        MPI = load_mpi(config.allow_singleton)
-        if config.abort_on_error:
+    def world(cls, settings: GroupSettings, allow_singleton: bool = False,
+              abort_on_error: bool = True) -> "Group":
+        """All ranks of the MPI job; raises NotInMPIJobError outside one (unless
+        ``allow_singleton``). ``abort_on_error``: an uncaught exception on a rank aborts the
+        whole MPI job instead of leaving the others waiting."""
+        MPI = load_mpi(allow_singleton)
+        if abort_on_error:
             install_abort_on_uncaught_exception(MPI)
-        return cls(MPI, MPI.COMM_WORLD, config, "world")
+        return cls(MPI, MPI.COMM_WORLD, settings, "world")
+
+    def derived(self, comm, name: str) -> "Group":
+        """A group on (a duplicate of) ``comm`` with this group's settings, counting its bytes
+        in this group's tally (one tally per process)."""
+        group = Group(self.MPI, comm, self.settings, name)
+        group.bytes_sent = self.bytes_sent
+        return group
 
     def staging(self, size: int, dtype) -> mx.nd.NDArray:
         """A pinned host buffer for arrays that live on an accelerator (reused per size)."""

@@ -1,0 +1,109 @@
+"""An emulated cluster on one machine: hosts as Linux network namespaces joined by
+rate-limited links, so the benchmarks can show the regime the papers measured (a network
+that limits), which loopback cannot.
+
+Each host ``<prefix>h<i>`` has one interface with an address in 10.233.<tag>.0/24 (a
+subnet that exists only between these namespaces), plugged into a bridge that lives in
+its own namespace ``<prefix>sw`` (the switch). Both directions of every host's link are
+shaped: ``tbf rate`` (bandwidth) and optionally ``netem delay`` (latency). Nothing is
+routed anywhere else. Everything is deleted on exit, on an exception, and on SIGTERM.
+
+    with EmulatedCluster(hosts=4, rate="1gbit") as cluster:
+        cluster.hostfile(path, slots=1)     # for kvhybrid-launch --launcher netns
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import List, Optional
+
+log = logging.getLogger("benchmarks")
+
+
+def _ip(*args: str, ns: Optional[str] = None) -> None:
+    cmd = ["ip"] + (["-n", ns] if ns else []) + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    if r.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()}")
+
+
+def _tc(ns: str, dev: str, rate: str, delay: Optional[str]) -> None:
+    """Shape ``dev``'s egress in ``ns``: netem delay (if any), then a tbf of ``rate``."""
+    base = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
+    steps = []
+    if delay:
+        steps.append((base + ["root", "handle", "1:", "netem", "delay", delay],
+                      "a link latency needs the kernel's netem qdisc (sch_netem): load it "
+                      "(modprobe sch_netem) or leave out the delay"))
+    parent = ["parent", "1:", "handle", "2:"] if delay else ["root"]
+    steps.append((base + parent + ["tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
+                  f"check the rate {rate!r} (tc's units: 1gbit, 100mbit)"))
+    for cmd, fix in steps:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        if r.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd[4:])}` failed ({r.stderr.strip()}): {fix}")
+
+
+class EmulatedCluster:
+    def __init__(self, hosts: int = 4, rate: Optional[str] = "1gbit", delay: Optional[str] = None,
+                 prefix: str = "kvc"):
+        if hosts < 1:
+            raise ValueError(f"hosts must be at least 1, got {hosts}")
+        tag = os.getpid() % 250
+        self.prefix = f"{prefix}{tag}"
+        self.names: List[str] = [f"{self.prefix}h{i}" for i in range(hosts)]
+        self.addresses = [f"10.233.{tag}.{i + 1}" for i in range(hosts)]
+        self.switch = f"{self.prefix}sw"
+        self.rate, self.delay = rate, delay
+        self._old_term = None
+
+    def __enter__(self) -> "EmulatedCluster":
+        self.close()
+        atexit.register(self.close)
+        self._old_term = signal.signal(signal.SIGTERM, self._on_term)
+        try:
+            _ip("netns", "add", self.switch)
+            _ip("link", "add", "br0", "type", "bridge", ns=self.switch)
+            _ip("link", "set", "br0", "up", ns=self.switch)
+            for i, (name, addr) in enumerate(zip(self.names, self.addresses)):
+                _ip("netns", "add", name)
+                _ip("link", "set", "lo", "up", ns=name)
+                host_end, switch_end = f"eth{i}", f"p{i}"
+                _ip("link", "add", host_end, "netns", name, "type", "veth", "peer", "name",
+                    switch_end, "netns", self.switch)
+                _ip("addr", "add", f"{addr}/24", "dev", host_end, ns=name)
+                _ip("link", "set", host_end, "up", ns=name)
+                _ip("link", "set", switch_end, "master", "br0", ns=self.switch)
+                _ip("link", "set", switch_end, "up", ns=self.switch)
+                if self.rate:   # None: links as fast as the veth pairs
+                    _tc(name, host_end, self.rate, self.delay)          # host -> switch
+                    _tc(self.switch, switch_end, self.rate, self.delay)  # switch -> host
+        except Exception:
+            self.close()
+            raise
+        log.info("cluster: %d hosts (%s) at %s%s", len(self.names), ", ".join(self.names),
+                 self.rate or "full speed", f", {self.delay} latency" if self.delay else "")
+        return self
+
+    def _on_term(self, signum, frame) -> None:
+        # unwind: the running job is stopped first (bench.common.run_job), the hosts
+        # deleted last (__exit__), so no process is left in a deleted namespace
+        raise SystemExit(128 + signum)
+
+    def hostfile(self, path: Path, slots: int) -> Path:
+        Path(path).write_text("".join(f"{name} slots={slots}\n" for name in self.names))
+        return Path(path)
+
+    def close(self) -> None:
+        for name in self.names + [self.switch]:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        atexit.unregister(self.close)
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)

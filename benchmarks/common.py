@@ -1,0 +1,117 @@
+"""What the benchmarks share: timing a call on every rank, running a job, bar charts."""
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+log = logging.getLogger("benchmarks")
+
+
+def timed(fn: Callable[[], None], repeats: int, warmup: int, barrier) -> List[float]:
+    """Seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones; every rank
+    starts each call together (``barrier``)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, what: str,
+            bench: str) -> None:
+    """Run a benchmark job; exit with its output's tail (naming ``what``) if it fails. On a
+    timeout, or when the benchmark itself is stopped, the job (a ``kvhybrid-launch``) gets
+    SIGTERM first, so that it stops its scheduler, servers and mpiruns; SIGKILL only
+    after ``STOP_GRACE`` seconds."""
+    proc = subprocess.Popen(list(cmd), env=dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_job(proc)
+        raise SystemExit(f"{bench}: {what} did not finish in {timeout:.0f} s; raise "
+                         "--timeout") from None
+    except BaseException:   # Ctrl-C or SIGTERM of the benchmark
+        stop_job(proc)
+        raise
+    if proc.returncode != 0:
+        raise SystemExit(f"{bench}: {what} failed (exit {proc.returncode}):\n{output[-3000:]}")
+
+
+STOP_GRACE = 30.0
+
+
+def stop_job(proc: subprocess.Popen) -> None:
+    """SIGTERM to a job's launcher, which stops its scheduler, servers and mpiruns;
+    SIGKILL to its whole session ``STOP_GRACE`` seconds later."""
+    import os
+    import signal
+    proc.terminate()
+    try:
+        proc.communicate(timeout=STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def ratio_cell(values: Sequence[float]) -> str:
+    """A ratio measured over several rounds: its median, its range in brackets."""
+    return f"{statistics.median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
+
+
+def footer(module: str, argv: Optional[List[str]] = None) -> List[str]:
+    """The lines that end every table: the command that reproduces it (this process's, or
+    ``argv``: that of the run that measured it), and the machine."""
+    import os
+    import shlex
+    import socket
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    return [f"Command: `python -m benchmarks.{module} {shlex.join(argv)}`",
+            f"Machine: {os.cpu_count()} cores, {socket.gethostname()}."]
+
+
+def save_worker_result(result: Optional[dict], path: str) -> None:
+    """A job's rank 0 writes what it measured (the other ranks return nothing)."""
+    if result:
+        with open(path, "w") as f:
+            json.dump(result, f)
+
+
+def write_outputs(out_dir: str, name: str, table: str, results, plot: Callable) -> None:
+    """``name``.md, .json and .png into ``out_dir``; the table is printed too."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(table)
+    (out / f"{name}.json").write_text(json.dumps(results))
+    plot(results, out / f"{name}.png")
+    print(table)
+    log.info("%s: wrote %s/%s.{md,json,png}", name, out, name)
+
+
+def grouped_bars(ax, groups: Sequence[str], series: Mapping[str, Sequence[float]]) -> None:
+    """One bar per series in each group, side by side, labelled for a legend."""
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar([x + (i - len(series) / 2 + 0.5) * width for x in range(len(groups))],
+               list(values), width, label=label)
+    ax.set_xticks(range(len(groups)), list(groups))
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+Series = Dict[str, List[float]]

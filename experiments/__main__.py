@@ -1,0 +1,163 @@
+"""Train one model under MXNET-MPI §7's six modes, through the launcher, and compare.
+
+    python -m experiments                        # both tasks, all six modes
+    python -m experiments --tasks digits --modes mpi-SGD dist-SGD --epochs 5
+
+For each task and mode it runs ``kvhybrid-launch ... python -m experiments.worker``
+(a scheduler, the servers, one ``mpirun`` per client), then writes into ``--out``:
+``<task>.csv`` (validation after every epoch), ``<task>.png`` (accuracy against wall time
+and epochs, mean epoch time), ``experiments.md`` (the tables, the answers to §7's
+questions, the command) and ``experiments.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from benchmarks.common import stop_job
+from . import report
+from .modes import MODES, Mode
+from .tasks import TASKS
+
+log = logging.getLogger("experiments")
+
+#: per task: epochs, batch per worker, learning rate, target validation accuracy. One
+#: learning rate for every mode (per sample of one worker's batch, momentum 0.9): the largest
+#: at which dist-ASGD still converges on digits (0.05 and 0.1 diverge: four workers' stale
+#: updates through one momentum on the server)
+DEFAULTS = {"digits": {"epochs": 30, "batch": 16, "lr": 0.02, "target": 0.95},
+            "lm": {"epochs": 6, "batch": 32, "lr": 0.1, "target": 0.80}}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["digits", "lm"])
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    p.add_argument("--workers", type=int, default=4, help="in every mode")
+    p.add_argument("--clients", type=int, default=2, help="client groups of the mpi-* modes")
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--epochs", type=int, help="override every task's default")
+    p.add_argument("--interval", type=int, default=16,
+                   help="ESGD: steps between center exchanges (KVHYBRID_ELASTIC_INTERVAL)")
+    p.add_argument("--alpha", type=float,
+                   help="ESGD: elastic force (KVHYBRID_ELASTIC_ALPHA; default 0.9 / clients)")
+    p.add_argument("--out", default="docs/experiments")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds per run")
+    args = p.parse_args(argv)
+    if args.workers < 1 or args.clients < 1 or args.workers % args.clients:
+        p.error(f"--workers {args.workers} must be a positive multiple of --clients "
+                f"{args.clients}")
+    if args.servers < 1:
+        p.error("--servers must be at least 1: every mode but mpi-SGD with one client "
+                "needs parameter servers")
+    if args.interval < 1:
+        p.error("--interval must be at least 1 step")
+    if args.alpha is not None and not 0 < args.alpha < 1:
+        p.error(f"--alpha must lie strictly between 0 and 1, got {args.alpha}")
+    return args
+
+
+def run_mode(args, task: str, mode: Mode, folder: Path) -> float:
+    """Train ``task`` under ``mode``; return the job's wall seconds. The launcher's output
+    goes to ``folder/job.log``."""
+    d = DEFAULTS[task]
+    epochs = args.epochs or d["epochs"]
+    cmd = [sys.executable, "-m", "kvhybrid.launch.cli",
+           *mode.launcher_args(args.workers, args.clients, args.servers),
+           "python", "-m", "experiments.worker", "--task", task, "--store", mode.store,
+           "--out", str(folder), "--epochs", str(epochs), "--batch-size", str(d["batch"]),
+           "--lr", str(d["lr"]),
+           "--workers-per-update", str(mode.workers_per_update(args.workers, args.clients))]
+    env = dict(os.environ, KVHYBRID_ELASTIC_INTERVAL=str(args.interval))
+    if args.alpha is not None:
+        env["KVHYBRID_ELASTIC_ALPHA"] = str(args.alpha)
+    start = time.perf_counter()
+    with open(folder / "job.log", "w") as logfile:
+        proc = subprocess.Popen(cmd, env=env, stdout=logfile, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            stop_job(proc)
+            raise RuntimeError(f"{task} under {mode.name} did not finish in {args.timeout:.0f} s "
+                               "(raise --timeout)")
+        except BaseException:   # Ctrl-C or SIGTERM of the runner: leave nothing running
+            stop_job(proc)
+            raise
+    if rc != 0:
+        tail = (folder / "job.log").read_text()[-3000:]
+        raise RuntimeError(f"{task} under {mode.name} failed (exit {rc}):\n{tail}")
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(t, m) for t in args.tasks for m in args.modes]
+    results: Dict[str, Dict[str, Dict]] = {t: {} for t in args.tasks}
+    shapes = {m: f"{args.workers} × {MODES[m].clients(args.workers, args.clients)}"
+              for m in args.modes}
+    failures: List[str] = []
+    with tempfile.TemporaryDirectory(prefix="kvhybrid-experiments-") as tmp:
+        for n, (task, name) in enumerate(jobs, 1):
+            mode, folder = MODES[name], Path(tmp) / f"{task}-{name}"
+            folder.mkdir()
+            log.info("[%d/%d] %s under %s (%s on %s): %d workers, %d client(s), %d server(s) ...",
+                     n, len(jobs), task, name, mode.store, "MXNet" if "dist_" in mode.store
+                     else "kvhybrid", args.workers, mode.clients(args.workers, args.clients),
+                     args.servers)
+            try:
+                seconds = run_mode(args, task, mode, folder)
+                run = results[task][name] = report.load_run(folder)
+            except (RuntimeError, FileNotFoundError) as exc:
+                log.error("[%d/%d] %s", n, len(jobs), exc)
+                failures.append(f"{task} {name}")
+                continue
+            last = run["validation"][-1]
+            log.info("[%d/%d] done in %.0f s: accuracy %.4f, mean epoch %.3f s", n, len(jobs),
+                     seconds, last["accuracy"], run["mean_epoch_seconds"])
+    md = ["# MXNET-MPI §7: six training modes", "",
+          f"{args.workers} workers; mpi-* modes in {args.clients} client groups, dist-* modes a "
+          f"client per worker; {args.servers} parameter server(s). ESGD: center exchange every "
+          f"{args.interval} steps, alpha {args.alpha or '0.9 / clients'}. Validation after "
+          "every epoch on rank 0's own weights; wall time is training time, validation "
+          f"excluded; mean epoch time averages every worker's epochs after the first "
+          f"{report.WARMUP_EPOCHS}.", ""]
+    answers = []
+    for task, runs in results.items():
+        if not runs:
+            continue
+        target = DEFAULTS[task]["target"]
+        report.write_csv(out / f"{task}.csv", task, runs)
+        report.plot(out / f"{task}.png", task, runs, target)
+        md += [report.table(task, runs, shapes, target, TASKS[task]().perplexity),
+               f"![{task}]({task}.png)", ""]
+        answers += report.findings(task, runs, target)
+    md += ["## Answers", ""] + [f"- {a}" for a in answers] + [""]
+    md += [f"Command: `python -m experiments {' '.join(sys.argv[1:])}`",
+           f"Machine: {os.cpu_count()} cores."]
+    (out / "experiments.md").write_text("\n".join(md) + "\n")
+    (out / "experiments.json").write_text(json.dumps(
+        {"args": vars(args), "results": results}, indent=1))
+    print("\n".join(md))
+    if failures:
+        log.error("failed: %s", ", ".join(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

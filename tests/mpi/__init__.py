@@ -1,0 +1,1 @@
+"""Tests that start real mpirun jobs, ps-lite servers or emulated machines."""

@@ -1,0 +1,41 @@
+"""Tensor allreduce and broadcast equal numpy's results, under real mpirun.
+
+dtypes float16/32/64, int32/64, uint8; sizes 0, 1, odd, not divisible by the
+number of ranks; 1 and 2 devices per rank; the zero-copy host path and the
+staging path that arrays on an accelerator take; and the store's fused pushpull of many keys
+in one call (several buckets, mixed dtypes, in place and into out).
+"""
+import json
+
+import pytest
+
+from tests.support.jobs import run_job
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda p: f"{p}ranks")
+def results(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("coll") / "results.json"
+    job = run_job(request.param, "collectives.py", [out], timeout=240)
+    assert job.returncode == 0, job.output[-4000:]
+    return json.load(open(out))
+
+
+def test_every_case_matches_numpy(results):
+    assert len(results) > 250, f"only {len(results)} cases ran"
+    bad = {name: r["err"] for name, r in results.items() if not r["ok"]}
+    assert not bad, f"{len(bad)} cases differ from numpy: {dict(list(bad.items())[:10])}"
+
+
+def test_fused_pushpull_matches_numpy_in_several_buckets(results):
+    """Host arrays, and arrays taken for accelerator ones (staged through pinned memory)."""
+    fused = {name: r for name, r in results.items() if name.startswith("fused-")}
+    assert len(fused) > 200, f"only {len(fused)} fused cases ran"
+    for where in ("host", "staged"):
+        assert any(name.startswith(f"fused-{where}-") for name in fused), where
+    assert all(r["ok"] for r in fused.values()), \
+        {n: r["err"] for n, r in fused.items() if not r["ok"]}
+
+
+@pytest.mark.parametrize("path", ["direct", "staged"])
+def test_both_data_paths_ran(results, path):
+    assert any(f"-{path}-" in name for name in results)

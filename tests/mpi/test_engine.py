@@ -1,0 +1,42 @@
+"""Engine-scheduled collectives: the dense path that overlaps backward (issue 16).
+
+Real mpirun jobs; each rank writes what it saw to a file (tests/mpi/workers/engine_ops.py).
+Equivalence of training through the engine path with one process is in
+test_equivalence.py (the engine path is the default there; one shape turns it off).
+"""
+import json
+
+import pytest
+
+from tests.support.jobs import run_job
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory):
+    out = tmp_path_factory.mktemp("engine")
+    result = run_job(2, "engine_ops.py", [out], timeout=180)
+    assert result.returncode == 0, result.output[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_submit_returns_before_the_inputs_are_computed(seen):
+    assert all(s["returns_early"] for s in seen), seen
+
+
+def test_collectives_run_in_submission_order_whatever_the_engine_finishes_first(seen):
+    # "fast" is ready at once and "slow" only once the worker lets it go: MPI must still
+    # see slow first, and nothing of fast while slow is held
+    assert all(s["fast_held_back"] for s in seen), seen
+    assert all(s["order"] == ["slow", "fast"] for s in seen), seen
+    assert all(s["sums_right"] for s in seen), seen
+
+
+def test_a_failing_collective_completes_and_raises_on_the_callers_thread(seen):
+    for s in seen:
+        assert s["waitall_returned_s"] < 30, s
+        assert s["error"] and "broken-bucket" in s["error"] and "injected failure" in s["error"], s
+
+
+def test_pushpull_returns_while_backward_runs_and_updates_right(seen):
+    assert all(s["pushpull_early"] for s in seen), seen
+    assert all(s["bias_right"] for s in seen), seen

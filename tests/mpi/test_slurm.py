@@ -1,0 +1,61 @@
+"""``kvhybrid-launch --launcher slurm`` on a real Slurm (slurm-wlm 22.05, munge).
+
+slurmctld runs on an emulated login node and a slurmd on each of two emulated compute
+nodes (tests/support/slurm_cluster.py); jobs are submitted from the login node with salloc and
+sbatch as a user would, and the launcher takes its nodes and tasks from the allocation.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.jobs import ROOT, WORKERS, job_env
+from tests.support.netns import netns_available
+from tests.support.slurm_cluster import SlurmCluster, slurm_available
+
+pytestmark = [
+    pytest.mark.skipif(not netns_available(),
+                       reason="needs root and Linux network namespaces (ip netns add)"),
+    pytest.mark.skipif(not slurm_available(),
+                       reason="needs Slurm and munge: apt-get install slurm-wlm "
+                              "(scripts/run_tests.sh installs it)"),
+]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+def _run(slurm, cmd, timeout=300):
+    env = {k: v for k, v in job_env(slurm.env).items() if not k.startswith("SLURM_JOB")}
+    return subprocess.run(slurm.on_login(cmd), capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=ROOT)
+
+
+def test_salloc_job_equals_one_process_on_the_union_batch(slurm, tmp_path):
+    """Inside `salloc -N2 --ntasks-per-node=2`, with no -n and no -H: 4 workers in two groups,
+    one per node, a server on each node; weights equal one process trained on every batch."""
+    from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
+    a, b = slurm.nodes
+    r = _run(slurm, ["salloc", "--quiet", "-N2", "--ntasks-per-node=2", sys.executable, "-m",
+                     "kvhybrid.launch.cli", "--launcher", "slurm", "--clients", "2", "--servers",
+                     "2", "python", WORKERS / "train_sparse.py", tmp_path, 1, STEPS, PER_DEVICE,
+                     "weight"])
+    output = r.stdout + r.stderr
+    assert r.returncode == 0, output[-4000:]
+    assert "4 workers = 2 client group(s) x 2 workers" in output
+    assert f"scheduler     {a}" in output and f"started server 1 on {b}" in output
+    assert f"client 0      {a}:2" in output and f"client 1      {b}:2" in output
+    assert_matches_single_process(tmp_path, "weight", 4, 1)
+
+
+def test_the_documented_sbatch_script_trains_the_main_example(slurm, tmp_path):
+    out = tmp_path / "job.out"
+    r = _run(slurm, ["sbatch", "--wait", f"--output={out}", "examples/slurm_job.sbatch",
+                     "--epochs", "1", "--samples", "4096"])
+    log = out.read_text() if out.exists() else "(no output file)"
+    assert r.returncode == 0, r.stdout + r.stderr + log[-4000:]
+    assert "weights identical on the 2 ranks of this client group: yes" in log, log[-4000:]
+    assert f"started server 1 on {slurm.nodes[1]}" in log

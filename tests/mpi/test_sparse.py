@@ -1,0 +1,192 @@
+"""Sparse models through hybrid-mpi equal single-process training, with and without servers.
+
+Both Gluon paths: a dense weight with row_sparse gradients (nn.Embedding(sparse_grad=True);
+MXNet's own dist_sync crashes its servers on it, MXNet issues #19949, #21118) and a sparse
+weight (contrib.nn.SparseEmbedding), next to dense layers, for pure MPI (rows gathered with
+Allgatherv), one client group with a server, two groups, and pure PS (a group per worker).
+"""
+import json
+
+import numpy as np
+import mxnet as mx
+import pytest
+from mxnet import autograd, gluon
+
+from tests.support.jobs import run_job, run_launcher
+from tests.mpi.workers.sparse_models import make_sparse_net, make_trainer, set_weights, sparse_batch, trained_weights
+
+STEPS, PER_DEVICE = 4, 5
+# (workers, devices per worker, client groups, servers): pure MPI, one group with a server,
+# two groups, pure PS (a group per worker)
+SHAPES = [(2, 1, 1, 0), (4, 2, 1, 0), (4, 1, 1, 1), (4, 1, 2, 2), (4, 1, 4, 2)]
+# tables split into 3 pieces on the servers (KVHYBRID_PARTITIONS): one group with a server,
+# and two groups with two servers (each piece split over both)
+SHAPES += [(4, 1, 1, 1, 3), (4, 1, 2, 2, 3)]
+# rows aggregated per host (--row-masters host) on 2 emulated hosts of 2 ranks: each host's
+# first rank pushes its host's rows; with 2 devices per worker and 2 pieces too
+SHAPES += [(4, 1, 1, 2, 1, "host"), (4, 2, 1, 1, 2, "host")]
+KINDS = ["grad", "weight"]
+
+
+def _id(s) -> str:
+    return f"{s[0]}workers-{s[1]}dev-{s[2]}clients-{s[3]}servers" + \
+        (f"-{s[4]}pieces" if len(s) > 4 else "") + (f"-{s[5]}-masters" if len(s) > 5 else "")
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=_id)
+def sparse_job(request, tmp_path_factory):
+    ranks, ndev, clients, servers = request.param[:4]
+    env = {"KVHYBRID_PARTITIONS": str(request.param[4])} if len(request.param) > 4 else {}
+    extra = []
+    if len(request.param) > 5:
+        env["KVHYBRID_EMULATE_NODE_SIZE"] = "2"
+        extra = ["--row-masters", request.param[5]]
+    out = tmp_path_factory.mktemp(f"sparse-{_id(request.param)}")
+    for kind in KINDS:   # one store per process with servers: one job per model
+        args = [out, ndev, STEPS, PER_DEVICE, kind]
+        if servers == 0:
+            r = run_job(ranks, "train_sparse.py", args, timeout=240)
+        else:
+            r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers, *extra],
+                             "train_sparse.py", args, timeout=240, env=env)
+        assert r.returncode == 0, r.output[-4000:]
+    return ranks, ndev, out
+
+
+def reference(kind: str, init: dict, ranks: int, ndev: int) -> dict:
+    """One process, one device, the union batch; step(per-worker batch): dist_sync semantics."""
+    net = make_sparse_net(kind)
+    net.initialize(ctx=mx.cpu())
+    set_weights(net, init)
+    # kvstore=None for a dense weight; a sparse weight needs a store, the native local one
+    trainer, step_arg = make_trainer(net, kind, None if kind == "grad" else "local",
+                                     ndev * PER_DEVICE)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step in range(STEPS):
+        x, y = sparse_batch(step, ranks * ndev * PER_DEVICE)
+        with autograd.record():
+            loss = loss_fn(net(mx.nd.array(x)), mx.nd.array(y))
+        loss.backward()
+        trainer.step(step_arg)
+    return trained_weights(net)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=["sparse_grad", "SparseEmbedding"])
+def test_sparse_models_match_single_process(sparse_job, kind):
+    ranks, ndev, out = sparse_job
+    assert_matches_single_process(out, kind, ranks, ndev)
+
+
+def assert_matches_single_process(out, kind: str, ranks: int, ndev: int) -> None:
+    """Every rank's weights, written by train_sparse.py into ``out``, equal one process's."""
+    init = dict(np.load(out / f"{kind}-init.npz"))
+    ref = reference(kind, init, ranks, ndev)
+    for rank in range(ranks):
+        got = np.load(out / f"{kind}-rank{rank}.npz")
+        assert sorted(got.files) == sorted(ref)
+        for name, want in ref.items():
+            err = np.linalg.norm(got[name] - want) / np.linalg.norm(want)
+            assert err <= 1e-5, f"rank {rank} {name}: relative error {err:.2e}"
+    for name in ref:   # every parameter trained, the table included
+        moved = np.linalg.norm(ref[name] - init[name]) / max(np.linalg.norm(init[name]), 1.0)
+        assert moved > 1e-3, f"{name} did not train: the comparison would prove nothing"
+
+
+# the next batch's rows prefetched (kvhybrid.prefetch): one group with a server (1 and 2
+# devices per worker), two groups with tables in 3 pieces on 2 servers
+PREFETCH_SHAPES = [(4, 1, 1, 1, 1), (4, 2, 1, 1, 1), (4, 1, 2, 2, 3)]
+
+
+@pytest.fixture(scope="module", params=PREFETCH_SHAPES, ids=_id)
+def prefetch_job(request, tmp_path_factory):
+    """The same training with plain pulls (into plain/) and with prefetched rows."""
+    ranks, ndev, clients, servers, pieces = request.param
+    out = tmp_path_factory.mktemp(f"prefetch-{_id(request.param)}")
+    (out / "plain").mkdir()
+    for kind in KINDS:
+        for folder, flag in ((out / "plain", "0"), (out, "1")):
+            r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],
+                             "train_sparse.py", [folder, ndev, STEPS, PER_DEVICE, kind],
+                             timeout=240, env={"KVHYBRID_PARTITIONS": str(pieces),
+                                               "KVHYBRID_TEST_PREFETCH": flag})
+            assert r.returncode == 0, r.output[-4000:]
+    return ranks, ndev, out
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=["sparse_grad", "SparseEmbedding"])
+def test_prefetched_rows_train_bit_for_bit_like_plain_pulls(prefetch_job, kind):
+    ranks, ndev, out = prefetch_job
+    assert_matches_single_process(out, kind, ranks, ndev)
+    for rank in range(ranks):
+        got = np.load(out / f"{kind}-rank{rank}.npz")
+        plain = np.load(out / "plain" / f"{kind}-rank{rank}.npz")
+        for name in plain.files:
+            assert np.array_equal(got[name], plain[name]), f"rank {rank} {name} differs"
+
+
+def test_prefetched_steps_meet_the_group_twice_fewer_per_pull_and_per_push(prefetch_job):
+    # a sparse weight's pull through the master meets the group 3 times (agreement, ids,
+    # rows); prefetched, the push carries the ids, the rows come on the engine thread, and
+    # one small allreduce checks that every rank got its rows
+    ranks, ndev, out = prefetch_job
+    for rank in range(ranks):
+        got = json.load(open(out / f"weight-stats-rank{rank}.json"))["collectives"]
+        plain = json.load(open(out / "plain" / f"weight-stats-rank{rank}.json"))["collectives"]
+        pulls = (STEPS - 1) * ndev   # every step's pulls but the first step's (per device)
+        # each prefetched pull saves 2 meetings; each of the STEPS pushes carries next ids
+        # and saves 2 (rows, next ids and the call's agreement in one gather), but the
+        # first, which agrees first (it decides the route), saves 1; the final whole-table
+        # pull asks for rows the last prefetch did not, so it costs 1 more (the check)
+        assert plain["group"] - got["group"] == 2 * pulls + (2 * STEPS - 1) - 1, (got, plain)
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 0), (4, 2, 1)], ids=["pure-mpi", "2clients-1server"])
+@pytest.mark.parametrize("touched", [0.01, 0.10])
+def test_row_sparse_traffic_scales_with_rows_touched(tmp_path, touched, shape):
+    # A 1M-row table: each worker pushes gradients for a fraction of its rows, twice.
+    ranks, clients, servers = shape
+    if servers == 0:
+        r = run_job(ranks, "sparse_traffic.py", [tmp_path, touched], timeout=240)
+    else:
+        r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],
+                         "sparse_traffic.py", [tmp_path, touched], timeout=240)
+    assert r.returncode == 0, r.output[-4000:]
+    ranks_sent = [json.load(open(tmp_path / f"rank{rank}.json")) for rank in range(ranks)]
+    union = set().union(*(s["ids"] for s in ranks_sent))
+    for rank, s in enumerate(ranks_sent):
+        fraction = sum(s["sent"].values()) / s["table_bytes"]
+        # ids (8 bytes) travel with each row (32 bytes): 1.25x the rows' share of the table;
+        # a master also pushes its group's union of rows (here 2 workers' rows) to the servers
+        limit = 1.3 if servers == 0 or rank % (ranks // clients) else 1.3 + 2 * 1.3
+        assert touched <= fraction <= limit * touched, f"rank {rank} sent {fraction:.2%}"
+        assert s["sent"]["dense"] == 0
+        if servers:
+            assert (s["sent"]["servers"] > 0) == (rank % (ranks // clients) == 0)
+        # the sum of both pushes landed: every touched row, each worker's 1s counted twice
+        assert s["stored_rows_nonzero"] == len(union)
+        assert s["stored_max"] >= 2.0
+
+
+def test_row_sparse_push_to_servers_before_set_optimizer_is_refused_on_every_rank():
+    # Without an optimizer the servers overwrite rows instead of summing them: silently wrong.
+    r = run_launcher(["-n", 2, "--clients", 1, "--servers", 1], "sparse_no_optimizer.py",
+                     timeout=120)
+    assert r.returncode != 0
+    for rank in range(2):
+        assert f"rank {rank} raised: push failed on ranks 0, 1: push of row_sparse gradients " \
+            "of key 'table' to the parameter servers needs an optimizer there" in r.output, \
+            r.output[-3000:]
+    assert "call set_optimizer first" in r.output
+
+
+def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_nothing(tmp_path):
+    """The push's agreement rides in the rows' gather (no meeting of its own): a wrong call
+    on one rank stops the push at the master, and every rank raises at its next call."""
+    r = run_launcher(["-n", 2, "--servers", 1], "prefetch_mismatch.py", [tmp_path], timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    for rank in range(2):
+        got = json.load(open(tmp_path / f"mismatch-rank{rank}.json"))
+        assert got["push_returned"] and got["raised"] == "KeyValueError", got
+        assert got["message"].startswith("push failed on rank 1: key 'w' holds a sparse "
+                                         "weight"), got
+        assert got["requests_sent"] == 0, got

@@ -1,0 +1,137 @@
+"""Engine-scheduled collectives (kvhybrid/tensor_collectives/engine.py and the store's
+engine path), each rank writing what it saw to OUT/rank<r>.json.
+
+- order: op "slow" waits for an engine operation the worker holds until it lets it go, op
+  "fast" for nothing; they must run in submission order (slow first) on every rank, also
+  once "fast" has been started by the engine, and both sums be right;
+- returns_early: submit returns while its inputs are still being computed;
+- failure: a collective that raises still completes its engine operation (waitall
+  returns) and the error reaches the caller's thread, naming the operation;
+- pushpull_early: a store pushpull after backward returns before the engine has run its
+  buckets, and the weights it updates are right once the engine is done.
+
+"Still being computed" is made certain, not hoped for: the inputs wait behind a gate (an
+engine operation on a second communication thread that holds them until released), so
+nothing here depends on how fast the machine is.
+"""
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon
+
+import kvhybrid
+from kvhybrid.errors import KVHybridError
+from kvhybrid.tensor_collectives.engine import EngineComm
+from kvhybrid.tensor_collectives.ndarray_view import host_view
+
+out_dir = sys.argv[1]
+kv = mx.kv.create("hybrid-mpi")
+rank, size = kv.rank, kv.num_workers
+group = kv.group.derived(kv.group.comm, "test-engine")
+comm = EngineComm(group)
+seen = {}
+
+
+class Gate:
+    """Holds arrays as "being computed" until ``open()``: an engine operation that mutates
+    them and whose work waits for an event (on a communication thread of its own; opens
+    by itself after SAFETY seconds, so a wrong store cannot hang the test)."""
+    SAFETY = 30.0
+
+    def __init__(self, name: str):
+        self.comm = EngineComm(group)
+        self.released = threading.Event()
+        self.name = name
+
+    def hold(self, arrays) -> None:
+        self.comm.submit(self.name, arrays, lambda: self.released.wait(self.SAFETY))
+
+    def open(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.open()
+        mx.nd.waitall()
+        self.comm.close()
+
+
+order = []
+# views of allocated memory (MXNet allocates an op's output when the engine runs it)
+slow, fast = mx.nd.zeros((600,)), mx.nd.zeros((5,))
+mx.nd.waitall()
+slow_view, fast_view = host_view(slow), host_view(fast)
+(mx.nd.ones((600,)) * (rank + 1)).copyto(slow)
+(mx.nd.ones((5,)) * (rank + 1)).copyto(fast)
+fast.wait_to_read()
+gate = Gate("gate")
+gate.hold([slow])   # "slow" is being computed until the gate opens
+
+
+def allreduce(name, view):
+    def work():
+        order.append(name)
+        group.comm.Allreduce(group.MPI.IN_PLACE, view, op=group.MPI.SUM)
+    return work
+
+
+comm.submit("slow", [slow], allreduce("slow", slow_view))
+comm.submit("fast", [fast], allreduce("fast", fast_view))
+seen["returns_early"] = comm.pending == 2 and order == []
+time.sleep(0.5)   # the engine starts "fast" (its input is ready); MPI must not see it yet
+seen["fast_held_back"] = order == []
+gate.open()
+mx.nd.waitall()
+want = size * (size + 1) / 2
+seen["order"] = order
+seen["sums_right"] = bool(np.allclose(slow.asnumpy(), want, rtol=1e-3)
+                          and np.allclose(fast.asnumpy(), want))
+
+
+def fails():
+    raise RuntimeError("injected failure")
+
+
+broken = mx.nd.zeros((3,))
+comm.submit("broken-bucket", [broken], fails)
+start = time.monotonic()
+mx.nd.waitall()   # must not hang: the operation completes although its work raised
+seen["waitall_returned_s"] = time.monotonic() - start
+try:
+    comm.check()
+    seen["error"] = None
+except KVHybridError as exc:
+    seen["error"] = str(exc)
+comm.close()
+gate.close()
+
+# the store: pushpull of a slow backward returns before its buckets ran
+net = gluon.nn.Dense(400, in_units=400)
+net.initialize(mx.init.Constant(0.001))   # the bias starts at 0 (its own initialiser)
+kvhybrid.broadcast_parameters(net.collect_params(), kv)
+trainer = kvhybrid.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                                      kvstore=kv)
+x = mx.nd.ones((8, 400)) * (rank + 1)
+x.wait_to_read()
+gate = Gate("gate-input")
+gate.hold([x])   # forward and backward wait for the gate: backward is still running
+with autograd.record():
+    y = net(x)
+    for _ in range(40):
+        y = y * 1.0001
+    loss = y.sum()
+loss.backward()
+trainer.step(1)
+seen["pushpull_early"] = (kv.engine is not None and kv.engine.pending > 0
+                          and not gate.released.is_set())
+gate.close()
+# the gradient of sum(y) w.r.t. the bias is 8 * 1.0001**40 per rank; summed over ranks
+bias = net.bias.data().asnumpy()
+seen["bias_right"] = bool(np.allclose(bias, -0.1 * size * 8 * 1.0001 ** 40, rtol=1e-4))
+with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(seen, f)
+kv.close()

@@ -1,0 +1,92 @@
+"""Starting real MPI jobs from tests: ``mpirun`` on this machine, with a hard timeout."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+from kvhybrid.launch.mpirun import find_mpirun, flavour
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the scripts the MPI tests run
+WORKERS = ROOT / "tests" / "mpi" / "workers"
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    output: str
+    seconds: float
+
+
+def mpirun_command(n: int) -> list:
+    """Plain mpirun (not kvhybrid-launch), allowed more ranks than cores."""
+    mpirun = find_mpirun()
+    cmd = [mpirun, "-np", str(n)]
+    if flavour(mpirun) == "openmpi":
+        cmd += ["--oversubscribe", "--bind-to", "none", "--tag-output"]
+    return cmd
+
+
+def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    env.update(extra or {})
+    return env
+
+
+def _run_killable(cmd, what: str, timeout: float, env) -> JobResult:
+    """Run ``cmd`` in its own session; kill its whole process tree after ``timeout``."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=job_env(env), start_new_session=True, cwd=ROOT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{what} still running after {timeout} s (killed):\n{out[-4000:]}")
+    return JobResult(proc.returncode, out, time.monotonic() - start)
+
+
+def run_job(n: int, script: str, args: Sequence[str] = (), timeout: float = 240,
+            env: Optional[Dict[str, str]] = None) -> JobResult:
+    """Run ``tests/mpi/workers/<script>`` on ``n`` ranks with plain mpirun."""
+    cmd = mpirun_command(n) + [sys.executable, str(WORKERS / script), *map(str, args)]
+    return _run_killable(cmd, f"mpirun job {script} {list(args)}", timeout, env)
+
+
+def run_python(code: str, timeout: float = 60, env: Optional[Dict[str, str]] = None) -> JobResult:
+    """Run ``python -c code`` as a plain process (no MPI launcher)."""
+    start = time.monotonic()
+    base = job_env(env)
+    for var in [v for v in base if v.startswith(("OMPI_COMM_WORLD", "PMI", "PMIX"))]:
+        del base[var]
+    proc = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=base, timeout=timeout)
+    return JobResult(proc.returncode, proc.stdout, time.monotonic() - start)
+
+
+def launcher_command(launcher_args: Sequence[str], script: str, args: Sequence[str] = ()) -> list:
+    """``kvhybrid-launch LAUNCHER_ARGS python SCRIPT ARGS``, SCRIPT under tests/mpi/workers
+    unless it is an absolute path."""
+    return [sys.executable, "-m", "kvhybrid.launch.cli", *map(str, launcher_args),
+            "python", str(WORKERS / script), *map(str, args)]
+
+
+def run_launcher(launcher_args: Sequence[str], script: str, args: Sequence[str] = (),
+                 timeout: float = 240, env: Optional[Dict[str, str]] = None,
+                 via: Sequence[str] = ()) -> JobResult:
+    """Run ``kvhybrid-launch LAUNCHER_ARGS python tests/mpi/workers/<script> ARGS``, prefixed by
+    ``via`` (e.g. ``ip netns exec HOST``: the launcher on an emulated machine)."""
+    cmd = [*via, *launcher_command(launcher_args, script, args)]
+    return _run_killable(cmd, f"kvhybrid-launch {list(launcher_args)} {script}", timeout, env)

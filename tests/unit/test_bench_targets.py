@@ -1,0 +1,120 @@
+"""The models suite's verdicts (no jobs run): ratios are paired round by round, the
+median decides met or missed, and "the better peer" is the faster one in each round."""
+from benchmarks.models import Setting, miss_profiles, targets_table
+
+
+def run(words_per_second: float, loss: float = 1.0) -> dict:
+    return {"words_per_second": words_per_second, "loss": loss, "step_seconds": 1.0}
+
+
+def rounds(*per_round):
+    """per_round: {model: {system: words/s}} per round."""
+    return [{m: {n: run(w) for n, w in systems.items()} for m, systems in r.items()}
+            for r in per_round]
+
+
+def row(table: str, what: str) -> str:
+    lines = [line for line in table.splitlines() if line.startswith(f"| {what} |")]
+    assert len(lines) == 1, (what, table)
+    return lines[0]
+
+
+def test_loopback_ratios_are_paired_per_round_and_the_median_decides():
+    loop = Setting("loopback", 0, 1, rounds(
+        {"lm": {"kvhybrid": 90, "dist_sync": 100, "Horovod": 10}},
+        {"lm": {"kvhybrid": 120, "dist_sync": 100, "Horovod": 10}},
+        {"lm": {"kvhybrid": 105, "dist_sync": 100, "Horovod": 10}}))
+    table = targets_table([loop], workers=4)
+    assert row(table, "loopback: lm kvhybrid ÷ dist_sync") == \
+        "| loopback: lm kvhybrid ÷ dist_sync | 1.05× (0.90–1.20) | ≥ 1.00× | met |"
+    # the better peer is dist_sync in every round here: the same ratios, a lower target
+    assert "1.05× (0.90–1.20) | ≥ 0.95× | met" in row(table, "loopback: lm kvhybrid ÷ the better peer")
+
+
+def test_the_better_peer_is_chosen_in_each_round_and_a_low_median_is_missed():
+    net = Setting("2 emulated hosts × 2 workers at 100mbit", 2, 2, rounds(
+        {"nmt": {"kvhybrid": 100, "dist_sync": 50, "Horovod": 125}},   # Horovod faster: 0.8
+        {"nmt": {"kvhybrid": 100, "dist_sync": 80, "Horovod": 40}},    # dist_sync: 1.25
+        {"nmt": {"kvhybrid": 100, "dist_sync": 110, "Horovod": 20}}))  # dist_sync: 0.91
+    table = targets_table([net], workers=4)
+    assert row(table, f"{net.where}: nmt kvhybrid ÷ the better peer") == \
+        f"| {net.where}: nmt kvhybrid ÷ the better peer | 0.91× (0.80–1.25) | ≥ 1.00× | **missed** |"
+
+
+def test_four_hosts_get_the_network_targets_and_not_the_two_host_ones():
+    net = Setting("4 emulated hosts × 1 workers at 1gbit", 4, 4, rounds(
+        {"lm": {"kvhybrid": 300, "dist_sync": 100, "Horovod": 50}}))
+    table = targets_table([net], workers=4)
+    assert "| 3.00× (3.00–3.00) | ≥ 2.00× | met" in row(table, f"{net.where}: lm kvhybrid ÷ dist_sync")
+    assert "| 6.00× (6.00–6.00) | ≥ 4.00× | met" in row(table, f"{net.where}: lm kvhybrid ÷ Horovod")
+    assert "better peer" not in table   # a target of the 2 × 2 shape and of loopback only
+
+
+def test_every_miss_gets_a_profile_with_the_bound_and_the_step_the_target_asks_for():
+    loop = Setting("loopback", 0, 1, rounds(
+        {"lm": {"kvhybrid": 80, "dist_sync": 100, "compute only": 200}}))
+    loop.sweeps = rounds({"10": {"kvhybrid": 50, "dist_sync": 100}})
+    for r in loop.rounds + loop.sweeps:   # step times that match the throughputs
+        for runs in r.values():
+            for x in runs.values():
+                x["step_seconds"] = 1.0 / x["words_per_second"]
+    misses = []
+    table = targets_table([loop], workers=4, misses=misses)
+    assert "**missed**" in row(table, "loopback: lm kvhybrid ÷ dist_sync")
+    assert "**missed**" in row(table, "loopback: lm at 10 words per sample, kvhybrid ÷ dist_sync")
+    text = miss_profiles(misses, loop)
+    assert "### loopback: lm, kvhybrid ÷ dist_sync ≥ 1.00×" in text
+    assert "### loopback: lm at 10 words per sample, kvhybrid ÷ dist_sync ≥ 0.95×" in text
+    # dist_sync's step is 10 ms: the target asks for 10 ms; alone, the processes take 5 ms
+    assert "at most 10.0 ms" in text and "take 5.0 ms a step" in text
+    assert "| compute only (loopback) | 5.0 |" in text
+
+
+def test_with_an_even_number_of_rounds_the_verdict_uses_the_median_it_prints():
+    loop = Setting("loopback", 0, 1, rounds(
+        {"lm": {"kvhybrid": 90, "dist_sync": 100}}, {"lm": {"kvhybrid": 120, "dist_sync": 100}}))
+    assert row(targets_table([loop], workers=4), "loopback: lm kvhybrid ÷ dist_sync") == \
+        "| loopback: lm kvhybrid ÷ dist_sync | 1.05× (0.90–1.20) | ≥ 1.00× | met |"
+
+
+def test_a_resumed_suite_reads_back_the_settings_it_wrote(tmp_path):
+    """--resume keeps a setting from its NAME_rounds.json, written with or without the
+    setting's name (files of earlier runs carry only the rounds): same verdicts."""
+    import json
+    from benchmarks.models import load_setting, setting_name
+    net = Setting(setting_name(2, "100mbit", 4), 2, 2, rounds(
+        {"lm": {"kvhybrid": 150, "dist_sync": 100, "Horovod": 10}}))
+    assert net.where == "2 emulated hosts × 2 workers at 100mbit"
+    for saved in ({"where": net.where, "servers": 2, "rounds": net.rounds, "sweeps": []},
+                  {"rounds": net.rounds, "sweeps": []}):
+        path = tmp_path / "models_2x2_100mbit_rounds.json"
+        path.write_text(json.dumps(saved))
+        kept = load_setting(path, hosts=2, rate="100mbit", servers=2, workers=4)
+        assert (kept.where, kept.hosts, kept.servers, kept.rate) == (net.where, 2, 2, "100mbit")
+        assert targets_table([kept], workers=4) == targets_table([net], workers=4)
+    path.write_text(json.dumps({"rounds": net.rounds, "steps": 20, "warmup": 5}))
+    kept = load_setting(path, hosts=2, rate="100mbit", servers=2, workers=4)
+    assert (kept.steps, kept.warmup) == (20, 5), "a setting's own step count is kept"
+
+
+def test_targets_only_writes_the_verdicts_of_the_settings_measured_and_names_the_rest(tmp_path):
+    import json
+    from benchmarks.models import main
+    net = rounds({"lm": {"kvhybrid": 90, "dist_sync": 100, "Horovod": 10}},
+                 {"lm": {"kvhybrid": 160, "dist_sync": 100, "Horovod": 10}},
+                 {"lm": {"kvhybrid": 150, "dist_sync": 100, "Horovod": 10}})
+    for r in net:
+        for x in r["lm"].values():
+            x["table3_per_host"] = 0.6
+    (tmp_path / "models_2x2_100mbit_rounds.json").write_text(json.dumps(
+        {"rounds": net, "sweeps": [], "command": ["--suite", "--models", "lm"]}))
+    main(["--suite", "--targets-only", "--models", "lm", "--out", str(tmp_path)])
+    text = (tmp_path / "models_targets.md").read_text()
+    assert "**Not measured yet:** loopback, 4 emulated hosts at 1gbit, 2 emulated hosts × 2 " \
+           "workers at 1gbit (`--suite --resume` measures them)" in text
+    where = "2 emulated hosts × 2 workers at 100mbit"
+    assert row(text, f"{where}: lm kvhybrid ÷ dist_sync") == \
+        f"| {where}: lm kvhybrid ÷ dist_sync | 1.50× (0.90–1.60) | ≥ 1.50× | met |"
+    # the kept setting's tables name the run that measured it
+    assert "Command: `python -m benchmarks.models --suite --models lm`" in \
+        (tmp_path / "models_2x2_100mbit.md").read_text()
