@@ -25,7 +25,7 @@ from .common import footer, run_job, save_figure, write_outputs
 
 log = logging.getLogger("benchmarks")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]   # the repository
 MODEL = ROOT / "examples" / "train_sparse_bow.py"
 
 
