@@ -74,11 +74,11 @@ def key_sizes(keys: int, low: int, high: int) -> List[int]:
 
 def store_counts(kv) -> Dict[str, int]:
     """What could grow step by step in a process: Python's objects and the store's caches."""
-    counts = {"python_objects": len(gc.get_objects()), "call_memos": len(kv._memo),
-              "host_views": len(kv._views._views), "step_ticks": len(kv._ticks),
-              "keys": len(kv._slots)}
-    if kv._servers is not None:
-        counts["server_key_ids"] = len(kv._servers._ids)
+    counts = {"python_objects": len(gc.get_objects()), "call_memos": len(kv.calls),
+              "host_views": len(kv.dense.views), "step_ticks": len(kv.clock),
+              "keys": len(kv.resume_state().slots)}
+    if kv.placement.servers is not None:
+        counts["server_key_ids"] = len(kv.placement.servers._ids)
     return counts
 
 
@@ -160,7 +160,7 @@ def worker(args) -> None:
         checked = all(np.allclose(g.asnumpy(), expected, rtol=1e-5)
                       for g in small_grads[-1:] + large_grads[:1])
     with open(os.path.join(args.result, f"worker{rank}.json"), "w") as f:
-        json.dump({"rank": rank, "pid": os.getpid(), "client": kv._client_rank,
+        json.dump({"rank": rank, "pid": os.getpid(), "client": kv.placement.client_rank,
                    "start": start, "warmup_steps": warm, "update_on_kvstore": on_store,
                    "steps": records, "counts": counts, "tracemalloc_top": top,
                    "sums_checked": checked}, f)

@@ -14,9 +14,9 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _EXPORTS = {
     "HybridMPIStore": ".kvstore.store",
-    "DistributedTrainer": ".kvstore.trainer", "prefetch": ".kvstore.trainer",
-    "broadcast_parameters": ".kvstore.parameters",
-    "save_checkpoint": ".kvstore.checkpoint", "load_checkpoint": ".kvstore.checkpoint",
+    "DistributedTrainer": ".gluon.trainer", "prefetch": ".gluon.trainer",
+    "broadcast_parameters": ".gluon.parameters",
+    "save_checkpoint": ".gluon.checkpoint", "load_checkpoint": ".gluon.checkpoint",
     "StoreConfig": ".config",
     "KVHybridError": ".errors", "KeyValueError": ".errors", "NotInMPIJobError": ".errors",
     "ConfigError": ".errors",

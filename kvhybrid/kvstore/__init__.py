@@ -9,9 +9,6 @@ from .._lazy import lazy_exports as _lazy_exports
 _EXPORTS = {
     "HybridMPIStore": ".store", "HybridMPIAsyncStore": ".store",
     "NAME": ".registry", "TYPE": ".registry", "register": ".registry",
-    "broadcast_parameters": ".parameters",
-    "DistributedTrainer": ".trainer", "prefetch": ".trainer",
-    "save_checkpoint": ".checkpoint", "load_checkpoint": ".checkpoint",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,4 +1,5 @@
-"""row_sparse keys: where their rows live and how they travel (Parallax §3.1).
+"""The sparse path: row_sparse keys, where their rows live and which route they take
+(Parallax §3.1). ``row_exchange.py`` moves the rows.
 
 Two kinds of key carry rows:
 
@@ -18,219 +19,351 @@ Where the rows live:
   several client groups): the master gathers its group's rows, sums them, and
   pushes them once (local aggregation); pulls go through the master, which asks
   the servers for the union of its group's rows and hands each rank its own.
-  Only the rows touched travel, so traffic scales with α, not with the table.
-  With ``KVHYBRID_ROW_MASTERS=host`` the store passes each host's ranks as the group
-  here: every host's first rank aggregates, pushes and pulls its host's rows (Parallax),
+  With ``KVHYBRID_ROW_MASTERS=host`` the placement's row group is this rank's host:
+  every host's first rank aggregates, pushes and pulls its host's rows (Parallax),
   so no one master's link carries the whole group's rows.
+
+A key's route is decided at its first push (``routing.py``): its rows (in the group or on
+the servers), or 'dense' (every rank holds the whole table and its gradient is summed like
+a dense key's). ``prefetch_rows`` hands over the next batch's ids, so that the next pull's
+rows come back while the step goes on.
 """
 from __future__ import annotations
 
-import threading
-from typing import List, Optional, Sequence, Tuple
+import logging
+from typing import Dict, Optional
 
 import numpy as np
 import mxnet as mx
-from mxnet.ndarray import NDArray
 
+from ..config import StoreConfig
 from ..errors import KeyValueError
-from ..tensor_collectives import Group, broadcast_array
-from ..tensor_collectives.ops import wait_patiently
+from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.rows import (allreduce_rows, gather_ids, gather_rows, local_rows,
-                                       scatter_rows, sum_rows)
-from .agreement import explain
-from .keys import Key, KeySlot
-from .ps.link import ServerLink
+from ..tensor_collectives.ops import wait_patiently
+from ..tensor_collectives.rows import local_ids
+from . import routing
+from . import row_exchange as rx
+from .calls import Calls, keys_text
+from .dense import DensePath
+from .keys import Key, KeySlot, check_matches, lookup, pairs, zeros
+from .modes import SyncMode
+from .placement import Placement
+
+log = logging.getLogger("kvhybrid")
 
 
-def rows_live_on_servers(slot: KeySlot, num_servers: int, cross: bool) -> bool:
-    """The routing rule above, for a key that carries rows."""
-    if num_servers == 0:
-        return False
-    return slot.sparse_weight or cross
+class SparsePath:
+    """row_sparse keys of one store (see the module docstring)."""
 
+    def __init__(self, config: StoreConfig, mode: SyncMode, placement: Placement,
+                 slots: Dict[Key, KeySlot], dense: DensePath, calls: Calls,
+                 engine: Optional[EngineComm]):
+        self.config, self.mode, self.placement, self.slots = config, mode, placement, slots
+        self.dense, self.calls, self.engine = dense, calls, engine
+        #: Gluon's key index -> Parameter name (set_optimizer), for KVHYBRID_ROUTES and stats
+        self.param_names: Dict[Key, str] = {}
+        self._prefetch_ids: Dict[Key, np.ndarray] = {}       # asked for, sent with the next push
+        self._prefetched: Dict[Key, rx.Prefetch] = {}        # on their way, for the next pull
 
-def row_sparse(rows, ids: np.ndarray, shape, ctx, dtype) -> NDArray:
-    return mx.nd.sparse.row_sparse_array((rows, ids), shape=shape, ctx=ctx, dtype=dtype)
+    @property
+    def group(self):
+        return self.placement.group
 
+    @property
+    def row_group(self):
+        return self.placement.row_group
 
-def count_rows(slot: KeySlot, ids: np.ndarray) -> None:
-    """Add this push's α (distinct rows this worker touched ÷ rows) to the key's tally."""
-    slot.alpha_sum += len(np.unique(ids)) / slot.shape[0]
-    slot.alpha_steps += 1
+    @property
+    def servers(self):
+        return self.placement.servers
 
+    # -- tables --------------------------------------------------------------------------------
+    def check_new_table(self, key: Key, value: mx.nd.NDArray) -> None:
+        if self.mode.tables_in_groups:   # its center goes on the servers, as a dense key
+            self.placement.check_new_on_servers(key)
+            return
+        self.check_table_rows(key, value.shape[0])
+        if self.servers is not None:
+            self.servers.check_new(key)
 
-# -- push --------------------------------------------------------------------------------
-def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
-                  group: Group, updater) -> None:
-    """Sum the rows over devices and the group; update (or overwrite) the local copy.
-    ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
-    grad = allreduce_rows(arrays, group, name=f"key {key!r}", ids=ids)
-    if updater is not None:
-        updater(key, grad, slot.value)
-    else:
-        grad.copyto(slot.value)
+    def check_table_rows(self, key: Key, rows: int) -> None:
+        """Every piece of a table on the servers is split across every server, so each
+        needs a row per server at least."""
+        servers, pieces = max(1, self.config.num_servers), self.config.partitions
+        if rows // pieces < servers:
+            fix = (f"set KVHYBRID_PARTITIONS to at most {rows // servers}" if rows >= servers
+                   else "give the table more rows, or use a dense parameter")
+            raise KeyValueError(f"row_sparse key {key!r} has {rows} rows: split into "
+                                f"{pieces} piece(s) over {self.config.num_servers} server(s), "
+                                f"some server would get none of a piece's rows; {fix}")
 
-
-def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
-                    group: Group, servers: Optional[ServerLink]) -> None:
-    """Local aggregation: the master gathers the group's rows, sums them and pushes the
-    sum (an empty one too: in sync mode the servers wait for every group's push).
-    ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
-    ids, rows = local_rows(arrays, ids)
-    ids, rows = gather_rows(ids, rows, group, root=0, name=f"key {key!r}")
-    if servers is None:
-        return
-    ids, rows = sum_rows(ids, rows)
-    group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
-    servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
-
-
-class Prefetch:
-    """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: filled
-    by the communication thread, read by the caller's thread once ``ready`` is set."""
-
-    def __init__(self, key: Key, ids: np.ndarray):
-        self.key, self.ids = key, ids          # this rank's sorted unique ids
-        self.rows: Optional[np.ndarray] = None
-        self.ready = threading.Event()
-
-
-def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray]],
-                      ids: np.ndarray, next_ids: np.ndarray, group: Group,
-                      servers: Optional[ServerLink], comm: EngineComm,
-                      call: Tuple[Optional[str], Optional[str]]) -> Prefetch:
-    """``push_to_servers``, its agreement and the pull of the next step's rows in one
-    meeting: every rank's rows, next ids and call (``call``: its local error, or its
-    signature; ``arrays`` is None after an error) go to the master in one gather. If the
-    calls match, the master pushes the sum and at once asks the servers for the union of
-    the next ids (ps-lite sends them after the push, so they come back updated); the
-    communication thread waits for them and hands each rank its own (``comm``'s group),
-    while the caller's thread goes on. If they differ, nothing is pushed: the communication
-    thread hands every rank the verdict, and every rank raises it at its next call."""
-    if arrays is None:
-        ids, rows = np.zeros(0, np.int64), np.zeros((0,) + tuple(slot.shape[1:]), slot.dtype)
-    else:
-        ids, rows = local_rows(arrays, ids)
-    with group.watchdog.waiting(lambda: f"the push of key {key!r} (its rows, the ranks' calls "
-                                        f"and the next step's row ids) on group {group.name}"):
-        gathered = group.comm.gather((ids, rows, next_ids, call), root=0)
-    group.bytes_sent["rows"] += ids.nbytes + rows.nbytes + next_ids.nbytes
-    prefetch = Prefetch(key, next_ids)
-    union = wanted = fetch = verdict = None
-    if group.rank == 0:
-        calls = [g[3] for g in gathered]
-        if any(error for error, _ in calls) or len({sig for _, sig in calls}) > 1:
-            verdict = explain("push", calls)
+    def init_table(self, key: Key, value: mx.nd.NDArray) -> None:
+        """A sparse weight: rank 0's table, kept on the servers or by every rank."""
+        placement = self.placement
+        slot = KeySlot(tuple(value.shape), np.dtype(value.dtype), None, sparse_weight=True)
+        slot.rows_on_servers = placement.rows_on_servers(slot)
+        if not slot.rows_on_servers:
+            slot.value = zeros(value.shape, value.context, value.dtype)
+            if self.group.rank == 0:
+                value.copyto(slot.value)
+                if placement.dense_on_servers and self.servers is not None:
+                    self.servers.init(key, slot.value, slot.value)   # as a dense key
+            broadcast_array(slot.value, 0, self.group, name=f"key {key!r}")
         else:
-            all_ids = np.concatenate([g[0] for g in gathered])
-            all_rows = np.concatenate([g[1] for g in gathered])
-            wanted = [g[2] for g in gathered]
-            union = np.unique(np.concatenate(wanted))
-            if servers is not None:
-                summed_ids, summed = sum_rows(all_ids, all_rows)
-                group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
-                servers.push_rows(key, summed_ids, summed, slot.shape, slot.dtype)
-                if len(union):
-                    fetch = servers.start_pull_rows(key, union, slot.shape, slot.dtype)
-    row_shape, dtype = slot.shape[1:], slot.dtype
-    engine_group = comm.group
+            table = value.tostype("default")
+            if self.row_group is not self.group:   # rank 0's table, whichever master inits
+                broadcast_array(table, 0, self.group, name=f"key {key!r}")
+            if self.servers is not None:
+                self.servers.init_rows(key, table, self.config.partitions)
+        self.slots[key] = slot
+        placement.note_rows(self.slots)
 
-    def hand_out() -> None:   # on the communication thread, every rank of the group
-        failed = np.array([verdict is not None], np.int64)
-        with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key "
-                                                   f"{key!r}"):
-            wait_patiently(engine_group.comm.Ibcast(failed, root=0))
-            if failed[0]:   # rare: the text too; the thread stops, every rank raises it
-                raise KeyValueError(engine_group.comm.bcast(verdict, root=0))
-        parts = None
-        if engine_group.rank == 0:
-            with engine_group.watchdog.waiting(
-                    lambda: f"the parameter servers to return {len(union)} prefetched rows of "
-                            f"key {key!r}", collective=False, outward=True):
-                table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
-            parts = [table[np.searchsorted(union, w)] for w in wanted]
-        prefetch.rows = scatter_rows(parts, row_shape, dtype, len(next_ids), engine_group,
-                                     name=f"key {key!r} (prefetched)")
-        prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
+    # -- push --------------------------------------------------------------------------------
+    def check_push(self, key: Key, slot: KeySlot, has_updater: bool) -> None:
+        """Refuses a push of row_sparse gradients that cannot work (KeyValueError)."""
+        to_servers = slot.rows_on_servers or self.placement.rows_on_servers(slot)
+        if to_servers:
+            self.dense.check_rows_uncompressed(key, "push of row_sparse gradients")
+        if to_servers and not has_updater:
+            raise KeyValueError(
+                f"push of row_sparse gradients of key {key!r} to the parameter servers "
+                "needs an optimizer there (without one they overwrite rows instead of "
+                "summing them): call set_optimizer first, as gluon.Trainer does with "
+                "update_on_kvstore=True")
 
-    comm.enqueue(f"the prefetched rows of key {key!r}", hand_out)
-    return prefetch
+    def asks_prefetch(self, key: Key) -> bool:
+        """Whether the next push of ``key`` carries the next step's row ids."""
+        return key in self._prefetch_ids
 
+    def push_with_prefetch(self, key, value, signed) -> bool:
+        """The push of a sparse weight that carries the next step's row ids (prefetch_rows),
+        in one meeting: its agreement travels in the rows' gather, where the master compares
+        the ranks' calls before it pushes anything. Calls that differ reach every rank
+        through the communication thread, and every rank raises at its next store call
+        (nothing was pushed). Other pushes, and a key's first (its route is decided then),
+        agree first (returns False). ``signed``: ``calls.signed_work`` for this push."""
+        if isinstance(key, (list, tuple)) or key not in self._prefetch_ids:
+            return False
+        slot = self.slots.get(key)
+        if slot is None or slot.route is None or not slot.rows_on_servers:
+            return False
+        arrays = ids = None
+        try:
+            work, signature = signed()
+            call = (None, str(signature))
+            arrays = work[0][1]
+            ids = local_ids(arrays)
+            rx.count_rows(slot, ids)
+        except KeyValueError as exc:
+            call, arrays = (str(exc), None), None
+        self._prefetched[key] = rx.push_and_prefetch(
+            key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group, self.servers,
+            self.engine, call)
+        return True
 
-def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],
-                       slot: KeySlot) -> None:
-    """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which
-    the prefetch must hold: ``check_prefetched``)."""
-    for o, i in zip(outs, ids):
-        part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
-        row_sparse(part, i, slot.shape, o.context, slot.dtype).copyto(o)
+    def push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
+        """A checked push of row_sparse gradients, by the key's route."""
+        self._push(key, slot, arrays, updater)
+        if slot.route != "dense":   # (the dense route's sum counted its own step)
+            self.mode.after_update(key, slot)
 
+    def _push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
+        self._prefetched.pop(key, None)   # this push updates the rows it holds
+        ids = local_ids(arrays)   # read once: for α and for the push
+        rx.count_rows(slot, ids)
+        if slot.route is None:
+            slot.route = self._choose_route(key, slot)
+        if slot.route == "dense":  # the whole gradient, summed like a dense key's
+            target = slot.grad_buffer() if updater is not None else slot.value
+            self.dense.sum_and_update(key, slot, [a.tostype("default") for a in arrays], target,
+                                      updater, compress=False)   # uncompressed, as in MXNet
+            return
+        if not slot.rows_on_servers and self.placement.rows_on_servers(slot):
+            # A dense weight's first row_sparse gradient: its rows move to the servers, as a
+            # row_sparse table (every group holds the same weight at this point).
+            self.check_table_rows(key, slot.shape[0])
+            if self.servers is not None:
+                self.servers.init_rows(key, slot.value, self.config.partitions)
+            slot.rows_on_servers = True
+            self.placement.note_rows(self.slots)
+            self.calls.forget()   # checked pushpull calls of this key no longer hold
+        if slot.rows_on_servers and key in self._prefetch_ids:
+            self._prefetched[key] = rx.push_and_prefetch(
+                key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group,
+                self.servers, self.engine, (None, "agreed"))   # the call agreed already
+        elif slot.rows_on_servers:
+            rx.push_to_servers(key, slot, arrays, ids, self.row_group, self.servers)
+            self._prefetch_ids.pop(key, None)
+        else:
+            rx.push_in_group(key, slot, arrays, ids, self.group, updater)
 
-def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
-    """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
-    return all(not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
+    # -- routes (Parallax §3.1; routing.py) ------------------------------------------------------
+    def _choose_route(self, key: Key, slot: KeySlot) -> str:
+        """A row_sparse key's route, at its first push (before any optimizer state exists):
+        forced by KVHYBRID_ROUTES, else by the group's α at this push and Table 3. With
+        several client groups the groups cannot agree on a measured α, so only a forced
+        route changes the default there."""
+        across = self.placement.sum_across_groups
+        default = "servers" if self.placement.rows_on_servers(slot) else "rows"
+        self._check_forced_routes()
+        forced = self._forced_route(key)
+        if forced is not None:
+            if forced not in (default, "dense"):
+                raise KeyValueError(f"KVHYBRID_ROUTES sends key {key!r} to {forced!r}, which this "
+                                    f"job cannot: its routes are {default!r} and 'dense'")
+            if forced == "dense" and across:
+                raise KeyValueError(f"KVHYBRID_ROUTES sends row_sparse key {key!r} dense, which "
+                                    "needs one client group: drop it or run one group")
+            route, text = forced, f"key {key!r}: {forced} (forced by KVHYBRID_ROUTES)"
+        elif across:
+            route, text = default, (f"key {key!r}: {default} (α={slot.alpha:.3f} on this rank; "
+                                    "several client groups: set KVHYBRID_ROUTES to change it)")
+        else:
+            with self.group.watchdog.waiting(f"the ranks to measure α of key {key!r}"):
+                alpha = self.group.comm.allreduce(slot.alpha) / self.group.size
+            decision = routing.decide(alpha, slot.count * slot.dtype.itemsize, self.group.size,
+                                      servers=default == "servers",
+                                      ar_efficiency=self.config.ar_efficiency)
+            route, text = decision.route, decision.describe(key)
+        if self.group.rank == 0:
+            log.info("route of row_sparse %s", text)
+        if route == "dense":
+            self._hold_table(key, slot)
+        return route
 
+    def _hold_table(self, key: Key, slot: KeySlot) -> None:
+        """Every rank keeps the whole table from now on (it may live on the servers)."""
+        if slot.rows_on_servers:
+            if slot.value is None:
+                slot.value = zeros(slot.shape, mx.cpu(), slot.dtype)
+            rx.pull_whole_table(key, slot, slot.value, self.row_group, self.servers)
+            slot.rows_on_servers = False
+            self.placement.note_rows(self.slots)
+        self.calls.forget()
 
-# -- pull --------------------------------------------------------------------------------
-def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
-                     servers: Optional[ServerLink]) -> None:
-    """The servers' whole table into ``into`` on every rank (``pull`` of a dense weight
-    whose rows live on the servers: Gluon pulls all of it, as with MXNet's own stores)."""
-    if servers is not None:
-        into[:] = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
-                                    slot.dtype).reshape(into.shape)
-    broadcast_array(into, 0, group, name=f"key {key!r} from the servers", patient=True)
+    def _forced_route(self, key: Key) -> Optional[str]:
+        routes = self.config.routes
+        return routes.get(str(key), routes.get(self.param_names.get(key, "")))
 
+    def _check_forced_routes(self) -> None:
+        known = {str(k) for k in self.slots} | set(self.param_names.values())
+        unknown = sorted(set(self.config.routes) - known)
+        if unknown:
+            keys = ", ".join(sorted(map(str, self.slots)))
+            raise KeyValueError(f"KVHYBRID_ROUTES names {', '.join(map(repr, unknown))}, which "
+                                f"this store does not hold: use its keys ({keys}) or Parameter "
+                                "names")
 
-def _unique_ids(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:
-    ids = np.unique(row_ids.asnumpy().astype(np.int64).reshape(-1))
-    if len(ids) and (ids[0] < 0 or ids[-1] >= rows):
-        raise KeyValueError(f"row_ids of key {key!r} hold {ids[0] if ids[0] < 0 else ids[-1]}, "
-                            f"outside the table's {rows} rows: pass ids in [0, {rows})")
-    return ids
+    # -- pull ----------------------------------------------------------------------------------
+    def pull_table(self, key: Key, slot: KeySlot, into: mx.nd.NDArray) -> None:
+        """The whole table of a key whose rows live on the servers, on every rank."""
+        rx.pull_whole_table(key, slot, into, self.row_group, self.servers)
 
+    def row_sparse_pull(self, key, out, row_ids) -> None:
+        """Write the rows ``row_ids`` of ``key`` into the row_sparse arrays ``out``."""
 
-def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray],
-                    row_ids: List[NDArray]) -> List[np.ndarray]:
-    """Each out's sorted unique ids; raises KeyValueError on bad arguments."""
-    if len(row_ids) != len(outs):
-        raise KeyValueError(f"row_sparse_pull of key {key!r} got {len(outs)} out array(s) and "
-                            f"{len(row_ids)} row_ids: pass one row_ids array per out array")
-    for o in outs:
-        if o.stype != "row_sparse":
-            raise KeyValueError(f"out of row_sparse_pull of key {key!r} is {o.stype}: pass "
-                                "row_sparse arrays (or use pull for dense ones)")
-    for r in row_ids:
-        if not isinstance(r, NDArray):
-            raise KeyValueError(f"row_ids of key {key!r} must be NDArrays, got "
-                                f"{type(r).__name__}")
-    return [_unique_ids(r, slot.shape[0], key) for r in row_ids]
+        def build():
+            if out is None or row_ids is None:
+                raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
+                                    "arrays) and row_ids= (the rows to fetch)")
+            outs = pairs(key, out, "out", sparse_ok=True)
+            if isinstance(key, (list, tuple)):
+                if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
+                    raise KeyValueError(f"a list of {len(outs)} keys needs a list of "
+                                        f"{len(outs)} row_ids")
+                ids_per_key = list(row_ids)
+            else:
+                ids_per_key = [row_ids]
+            work = []
+            for (k, o), ids in zip(outs, ids_per_key):
+                slot = lookup(self.slots, k)
+                check_matches(k, slot, o, "out")
+                ids = [ids] * len(o) if isinstance(ids, mx.nd.NDArray) else list(ids)
+                work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids)))
+            return work, f"row_sparse_pull {keys_text(outs)}"
 
+        if not isinstance(key, (list, tuple)) and key in self._prefetched:
+            # the rows first: a push whose calls differed raises here, on every rank, before
+            # any meeting (its verdict comes with them)
+            self._wait_for_prefetch(self._prefetched[key])
+            work = self._prefetch_covers(key, build)   # one small meeting instead of three
+            if work is not None:
+                for k, slot, outs, ids in work:
+                    self._wait_for_prefetch(self._prefetched[k])
+                    rx.rows_from_prefetch(self._prefetched[k], outs, ids, slot)
+                return
+            del self._prefetched[key]   # not the ids prefetched (on some rank): the plain pull
+        if not self.config.num_servers:  # every rank holds every row: nothing to agree on
+            try:
+                work = build()[0]
+            except KeyValueError as exc:
+                raise KeyValueError(f"row_sparse_pull failed: {exc}") from None
+        else:
+            work = self.calls.check("row_sparse_pull", build, f" of key {key!r}")
+        for k, slot, outs, ids in work:
+            if slot.rows_on_servers:
+                rx.pull_rows_from_servers(k, slot, outs, ids, self.row_group, self.servers)
+            else:
+                rx.pull_rows_local(slot, outs, ids)
 
-def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -> None:
-    """Rows of the local copy (every rank holds the same one)."""
-    for o, i in zip(outs, ids):
-        if len(i):
-            rows = mx.nd.take(slot.value, mx.nd.array(i, ctx=slot.value.context, dtype="int64"))
-        else:  # MXNet's operators reject empty arrays
-            rows = np.zeros((0,) + slot.shape[1:], slot.dtype)
-        row_sparse(rows, i, slot.shape, o.context, slot.dtype).copyto(o)
+    def _prefetch_covers(self, key, build) -> Optional[list]:
+        """The pull's checked work if every rank's prefetched rows hold what it asks for
+        and its arguments are fine, else None (then the plain pull, whose agreement raises
+        the same error on every rank for bad arguments). One small allreduce decides."""
+        prefetch = self._prefetched[key]
+        try:
+            work = build()[0]
+            covered = all(rx.prefetch_holds(prefetch, ids) for *_, ids in work)
+        except KeyValueError:
+            work, covered = None, False
+        flags = np.array([0 if covered else 1], dtype=np.int64)
+        MPI = self.group.MPI
+        with self.group.watchdog.waiting(lambda: f"the ranks to agree on using the prefetched "
+                                                 f"rows of key {key!r}"):
+            wait_patiently(self.group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+        return work if flags[0] == 0 else None
 
+    def prefetch_rows(self, key, row_ids) -> None:
+        """Hand over the row ids the next forward pass will pull of ``key`` (see
+        ``HybridMPIStore.prefetch_rows``); does nothing where prefetching cannot run."""
+        slot = self.slots.get(key)
+        if not (slot is not None and slot.sparse_weight and slot.rows_on_servers
+                and self.engine is not None and self.row_group is self.group):
+            return
+        arrays = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids]
+        parts = []
+        for ids in arrays:
+            if isinstance(ids, mx.nd.NDArray):
+                ids = ids.asnumpy()
+            parts.append(np.asarray(ids).astype(np.int64).reshape(-1))
+        unique = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        if len(unique) and (unique[0] < 0 or unique[-1] >= slot.shape[0]):
+            bad = unique[0] if unique[0] < 0 else unique[-1]
+            raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, outside "
+                                f"the table's {slot.shape[0]} rows: pass ids in "
+                                f"[0, {slot.shape[0]})")
+        self._prefetch_ids[key] = unique
 
-def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
-                           group: Group, servers: Optional[ServerLink]) -> None:
-    """The master pulls the union of the group's ids once and hands each rank its rows."""
-    mine = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
-    wanted = gather_ids(mine, group, name=f"key {key!r}")
-    parts = None
-    if group.rank == 0:
-        union = np.unique(np.concatenate(wanted))
-        table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
-                 else np.zeros((0,) + slot.shape[1:], slot.dtype))
-        parts = [table[np.searchsorted(union, w)] for w in wanted]
-    rows = scatter_rows(parts, slot.shape[1:], slot.dtype, len(mine), group,
-                        name=f"key {key!r}")
-    for o, i in zip(outs, ids):
-        part = rows[np.searchsorted(mine, i)]
-        row_sparse(part, i, slot.shape, o.context, slot.dtype).copyto(o)
+    def _wait_for_prefetch(self, prefetch: rx.Prefetch) -> None:
+        with self.group.watchdog.waiting(lambda: f"the prefetched rows of key {prefetch.key!r}",
+                                         collective=False):
+            while not prefetch.ready.wait(0.05):
+                self.engine.check()   # its thread failed: the rows will not come
+        self.engine.check()
+
+    def forget_prefetched(self) -> None:
+        """Drop rows fetched ahead (their values are about to be replaced)."""
+        self._prefetched.clear()
+
+    # -- what it saw ---------------------------------------------------------------------------
+    def key_stats(self) -> Dict[Key, Dict[str, object]]:
+        """Per row_sparse key pushed so far: rows, pushes, α as this rank saw it (rows
+        touched ÷ rows, averaged over its pushes), and the route its gradients take."""
+        return {k: {"name": self.param_names.get(k, str(k)), "rows": s.shape[0],
+                    "pushes": s.alpha_steps, "alpha": s.alpha, "route": s.route}
+                for k, s in self.slots.items() if s.alpha_steps}
+
+    def close(self) -> None:
+        self._prefetch_ids.clear()
+        self._prefetched.clear()

@@ -70,5 +70,8 @@ class ViewCache:
             entry = self._views[arr.handle.value] = (arr, host_view(arr, dtype, count))
         return entry[1]
 
+    def __len__(self) -> int:
+        return len(self._views)
+
     def clear(self) -> None:
         self._views.clear()

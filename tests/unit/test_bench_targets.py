@@ -118,3 +118,14 @@ def test_targets_only_writes_the_verdicts_of_the_settings_measured_and_names_the
     # the kept setting's tables name the run that measured it
     assert "Command: `python -m benchmarks.models --suite --models lm`" in \
         (tmp_path / "models_2x2_100mbit.md").read_text()
+
+
+def test_before_after_pairs_each_round_and_reads_faster_as_above_one():
+    # before_after's ratio is after's throughput ÷ before's: a shorter step after reads > 1
+    from argparse import Namespace
+    from benchmarks.before_after import _table
+    steps = [(0.050, 0.040), (0.050, 0.050), (0.060, 0.050)]   # (before, after) per round
+    rounds_ = [{"before": {"lm": {"kvhybrid": {"step_seconds": b}}},
+                "after": {"lm": {"kvhybrid": {"step_seconds": a}}}} for b, a in steps]
+    table = _table(rounds_, Namespace(models=["lm"], systems=["kvhybrid"]))
+    assert row(table, "lm") == "| lm | kvhybrid | 50.0 | 50.0 | 1.20× (1.00–1.25) |"

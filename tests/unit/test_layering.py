@@ -12,7 +12,7 @@ def _tree(relative: str) -> ast.AST:
 
 def test_checkpoints_use_only_the_stores_public_resume_api():
     # a rename inside the store must not silently break resume (store.resume_state() is the API)
-    private = sorted({f"{node.value.id}.{node.attr}" for node in ast.walk(_tree("kvstore/checkpoint.py"))
+    private = sorted({f"{node.value.id}.{node.attr}" for node in ast.walk(_tree("gluon/checkpoint.py"))
                       if isinstance(node, ast.Attribute) and node.attr.startswith("_")
                       and not node.attr.startswith("__") and isinstance(node.value, ast.Name)
                       and node.value.id in ("store", "state", "links")})
@@ -32,3 +32,50 @@ def test_the_collectives_import_nothing_of_the_store_or_its_settings():
                 if module.startswith(("kvhybrid.kvstore", "kvhybrid.config", "kvhybrid.elastic")):
                     imported.add(f"{path.name}: {module}")
     assert imported == set()
+
+
+def _private_reaches(relative_dir: str):
+    """``name._attr`` where ``name`` is not self or cls: one object reading another's insides."""
+    found = []
+    for path in sorted((PACKAGE / relative_dir).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                    and not node.attr.startswith("__"):
+                owner = ast.unparse(node.value)
+                if owner not in ("self", "cls"):
+                    found.append(f"{path.name}:{node.lineno} {owner}.{node.attr}")
+    return found
+
+
+def test_the_stores_parts_use_each_other_only_through_public_names():
+    # placement, calls, dense, sparse, modes, elastic: a part that reads another's private
+    # state couples them silently (the old store shared _cross, _slots, _memo, _servers, ...);
+    # the one exception is the registry wrapping MXNet's own command sender
+    found = [f for f in _private_reaches("kvstore") + _private_reaches("elastic")
+             if "KVStore._send_command_to_servers" not in f]
+    assert found == []
+
+
+def test_the_stores_differ_only_by_their_mode():
+    # sync, async and elastic are strategy objects (kvstore/modes.py, elastic/mode.py): their
+    # store classes override no method, and no part tests a mode by its name
+    for relative, names in (("kvstore/store.py", {"HybridMPIAsyncStore"}),
+                            ("elastic/store.py", {"HybridMPIElasticStore"})):
+        classes = [n for n in ast.walk(_tree(relative))
+                   if isinstance(n, ast.ClassDef) and n.name in names]
+        assert [c.name for c in classes] == sorted(names)
+        for cls in classes:
+            methods = [f.name for f in cls.body if isinstance(f, ast.FunctionDef)
+                       and not any(isinstance(d, ast.Name) and d.id == "property"
+                                   for d in f.decorator_list)]
+            assert methods == [], f"{cls.name} overrides {methods}"
+    for part in ("store.py", "placement.py", "calls.py", "dense.py", "sparse.py",
+                 "row_exchange.py"):
+        text = (PACKAGE / "kvstore" / part).read_text()
+        assert '"dist_sync"' not in text and '"dist_async"' not in text, part
+
+
+def test_the_store_is_a_thin_layer():
+    # the MXNet API over its parts; the work lives in the parts (issue 20: a few hundred lines)
+    lines = len((PACKAGE / "kvstore" / "store.py").read_text().splitlines())
+    assert lines < 600, f"kvstore/store.py has {lines} lines: move the work into a part"

@@ -18,7 +18,7 @@ import kvhybrid  # noqa: F401
 DIM = 5
 out_dir, steps, lr = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 kv = mx.kv.create("hybrid-mpi-elastic")
-client, size = kv._client_rank, kv.group.size
+client, size = kv.placement.client_rank, kv.group.size
 target = mx.nd.ones((DIM,)) * (1.0 if client % 2 == 0 else -1.0)
 kv.init(0, mx.nd.zeros((DIM,)))
 kv.set_optimizer(mx.optimizer.SGD(learning_rate=lr))
@@ -30,8 +30,8 @@ for step in range(steps):
     history.append(w.asnumpy().tolist())
     # lockstep: the groups run concurrently, as on separate machines (on 2 shared cores one
     # could otherwise finish before the other starts, and they would never meet)
-    if kv._servers is not None:
-        kv._servers.barrier()
+    if kv.placement.servers is not None:
+        kv.placement.servers.barrier()
     kv.group.comm.Barrier()
 if kv.group.rank == 0:
     with open(os.path.join(out_dir, f"client{client}.json"), "w") as f:

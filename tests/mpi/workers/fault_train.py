@@ -70,8 +70,8 @@ for step in range(first, args.steps):
     if args.sleep:
         time.sleep(args.sleep)
 
-if kv._servers is not None:   # a master: how many keys travelled packed (packs.py)
-    print(f"rank {rank} packed keys {len(kv._servers._packed)}", flush=True)
+if kv.placement.servers is not None:   # a master: how many keys travelled packed (packs.py)
+    print(f"rank {rank} packed keys {len(kv.placement.servers._packed)}", flush=True)
 weights = trained_weights(net)   # pulls sparse weights: a call every rank makes
 if rank == 0:
     np.savez(os.path.join(args.out, "final.npz"), **weights)

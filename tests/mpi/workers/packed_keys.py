@@ -52,10 +52,10 @@ def both(step, step_keys):
 
 
 for step in range(3):
-    before = kv._servers.requests if kv._servers is not None else 0
+    before = kv.placement.servers.requests if kv.placement.servers is not None else 0
     both(step, keys)
-    if kv._servers is not None:
-        print(f"rank {kv.rank}: {kv._servers.requests - before} ps-lite requests in step {step}",
+    if kv.placement.servers is not None:
+        print(f"rank {kv.rank}: {kv.placement.servers.requests - before} ps-lite requests in step {step}",
               flush=True)
 both(3, keys[5:12])     # a subset of a pack
 both(4, [7])            # one packed key on its own

@@ -16,7 +16,7 @@ from kvhybrid.kvstore.ps.link import piece_bounds
 
 PIECES, ROWS, DIM, STEPS = 5, 23, 3, 4   # ROWS//PIECES >= 2 servers
 kv = mx.kv.create("hybrid-mpi")
-link = kv._servers
+link = kv.placement.servers
 opt = mx.optimizer.SGD(learning_rate=1.0, rescale_grad=1.0)
 assert link.set_optimizer(opt, pieces=PIECES)
 rng = np.random.RandomState(5)

@@ -28,10 +28,10 @@ def grad():
 
 kv.push("w", grad())                          # the first push decides the route
 kv.prefetch_rows("w", mx.nd.array([0, 1, 2]))
-requests = kv._servers.requests if kv._servers is not None else 0   # the master's
+requests = kv.placement.servers.requests if kv.placement.servers is not None else 0   # the master's
 kv.push("w", mx.nd.ones(shape) if rank == 1 else grad())
 result = {"push_returned": True,
-          "requests_sent": (kv._servers.requests if kv._servers is not None else 0) - requests}
+          "requests_sent": (kv.placement.servers.requests if kv.placement.servers is not None else 0) - requests}
 try:
     out = mx.nd.sparse.zeros("row_sparse", shape)
     kv.row_sparse_pull("w", out=out, row_ids=mx.nd.array([0, 1, 2]))

@@ -14,8 +14,8 @@ from mxnet.gluon import ParameterDict
 
 from ..errors import KeyValueError
 from ..tensor_collectives import broadcast
-from .agreement import agree
-from .store import HybridMPIStore
+from ..kvstore.agreement import agree
+from ..kvstore.store import HybridMPIStore
 
 
 #: Prefix of the store keys that carry parameters across client groups.

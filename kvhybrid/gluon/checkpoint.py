@@ -36,9 +36,9 @@ import numpy as np
 import mxnet as mx
 
 from ..errors import KeyValueError, KVHybridError
-from . import sparse
-from .ps import server as ps_server
-from .keys import Key
+from ..kvstore.keys import Key
+from ..kvstore.ps import server as ps_server
+from ..kvstore.row_exchange import pull_whole_table
 
 log = logging.getLogger("kvhybrid")
 
@@ -123,7 +123,7 @@ def load_checkpoint(trainer: mx.gluon.Trainer, directory: str) -> Dict[str, obje
 
 # -- what is saved ---------------------------------------------------------------------------
 def _store_of(trainer, what: str):
-    from .store import HybridMPIStore
+    from ..kvstore.store import HybridMPIStore
     if not isinstance(trainer, mx.gluon.Trainer):
         raise KeyValueError(f"{what} needs the gluon.Trainer, got {type(trainer).__name__}")
     if not trainer._kv_initialized:
@@ -171,7 +171,7 @@ def _values(trainer, store, state) -> Dict[Key, mx.nd.NDArray]:
             values[index] = param.list_data()[0].copyto(mx.cpu())
         elif slot.rows_on_servers:
             table = mx.nd.zeros(slot.shape, mx.cpu(), dtype=slot.dtype)
-            sparse.pull_whole_table(index, slot, table, store.row_group, state.servers)
+            pull_whole_table(index, slot, table, store.row_group, state.servers)
             values[index] = table
         else:
             values[index] = slot.value.copyto(mx.cpu())

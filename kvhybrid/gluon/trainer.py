@@ -27,8 +27,9 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from ..errors import KeyValueError
-from . import overlap
-from .store import HybridMPIStore, TYPE
+from ..kvstore import overlap
+from ..kvstore.registry import TYPE
+from ..kvstore.store import HybridMPIStore
 
 
 def prefetch(trainer: gluon.Trainer, rows: Mapping[gluon.Parameter, object]) -> None:

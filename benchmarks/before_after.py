@@ -1,0 +1,142 @@
+"""kvhybrid before and after a change: the models benchmark on two commits, side by side.
+
+    python -m benchmarks.before_after --base 8f63e34 [--rounds 3] [--models lm nmt cnn]
+
+The base commit is checked out into a temporary git worktree; each round runs
+``benchmarks.models`` (loopback, kvhybrid only unless --systems says otherwise) in the base
+tree and in this working tree, one right after the other, the order alternated from round
+to round so that neither always runs on a warmer or busier machine. The ratio of a round
+is after's throughput ÷ before's (the same words or images per step in both); the table
+gives the median over the rounds and the range. Writes NAME.md, NAME.json and NAME.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+from . import ROOT
+from .common import footer, write_outputs
+
+log = logging.getLogger("benchmarks")
+
+
+def _worktree(base: str, where: Path) -> Path:
+    tree = where / "base"
+    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", str(tree), base],
+                   check=True, capture_output=True, text=True)
+    return tree
+
+
+def _run(tree: Path, args, out: Path) -> Dict[str, dict]:
+    """One ``benchmarks.models`` run in ``tree``: {model: {system: result}}."""
+    cmd = [sys.executable, "-m", "benchmarks.models", "--models", *args.models,
+           "--systems", *args.systems, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--workers", str(args.workers), "--out", str(out), "--name", "run"]
+    # the tree's kvhybrid first (its benchmarks/__init__ puts its root on every job's path)
+    proc = subprocess.run(cmd, cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)),
+                          capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode:
+        raise SystemExit(f"before_after: the run in {tree} failed (exit {proc.returncode}):\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads((out / "run_rounds.json").read_text())["rounds"][0]
+
+
+def _table(rounds: List[dict], args) -> str:
+    lines = ["| model | system | before ms/step | after ms/step | after ÷ before throughput, "
+             "median (range) |", "|---|---|---:|---:|---:|"]
+    for model in args.models:
+        for system in args.systems:
+            before = [r["before"][model][system]["step_seconds"] for r in rounds]
+            after = [r["after"][model][system]["step_seconds"] for r in rounds]
+            ratios = [b / a for b, a in zip(before, after)]
+            lines.append(f"| {model} | {system} | {statistics.median(before) * 1e3:.1f} | "
+                         f"{statistics.median(after) * 1e3:.1f} | "
+                         f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) |")
+    return "\n".join(lines)
+
+
+def _plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels, medians, lows, highs = [], [], [], []
+    for key, r in results["ratios"].items():
+        labels.append(key)
+        medians.append(r["median"])
+        lows.append(r["median"] - r["min"])
+        highs.append(r["max"] - r["median"])
+    ax.bar(labels, medians, yerr=[lows, highs], capsize=4, color="tab:blue")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("after ÷ before throughput")
+    ax.set_title(f"kvhybrid {results['base']} → working tree, {len(results['rounds'])} rounds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.before_after",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, help="the commit to compare against (before)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--models", nargs="+", default=["lm", "nmt", "cnn"])
+    p.add_argument("--systems", nargs="+", default=["kvhybrid"])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--name", default="before_after")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    base = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.base], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    rounds: List[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kvhybrid-before-after-") as tmp:
+        where = Path(tmp)
+        trees = {"before": _worktree(base, where), "after": Path(ROOT)}
+        try:
+            for i in range(args.rounds):
+                order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
+                result = {}
+                for name in order:
+                    log.info("before_after: round %d of %d, %s (%s)", i + 1, args.rounds, name,
+                             base if name == "before" else "working tree")
+                    result[name] = _run(trees[name], args, where / f"{name}{i}")
+                rounds.append(result)
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force",
+                            str(trees["before"])], capture_output=True)
+    ratios = {}
+    for model in args.models:
+        for system in args.systems:
+            r = [x["before"][model][system]["step_seconds"] /
+                 x["after"][model][system]["step_seconds"] for x in rounds]
+            ratios[f"{model} {system}"] = {"median": statistics.median(r), "min": min(r),
+                                           "max": max(r), "rounds": r}
+    results = {"base": base, "rounds": rounds, "ratios": ratios}
+    table = "\n".join([
+        f"# kvhybrid before ({base}) and after (the working tree), loopback, {args.workers} "
+        f"workers, {args.rounds} round(s) with the order alternated", "",
+        _table(rounds, args), "",
+        f"Median step after warm-up ({args.warmup} of {args.steps} steps) of each run, median "
+        "over the rounds; the ratio is after's throughput ÷ before's in the same round.", "",
+        *footer("before_after", argv if argv is not None else sys.argv[1:])]) + "\n"
+    write_outputs(args.out, args.name, table, results, _plot)
+    log.info("before_after: %s", shlex.join(sys.argv))
+
+
+if __name__ == "__main__":
+    main()

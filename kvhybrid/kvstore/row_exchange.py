@@ -1,0 +1,226 @@
+"""How rows travel between ranks and the parameter servers (Parallax §3.1): the mechanics
+under the sparse path (``sparse.py`` says where rows live and when each of these runs).
+
+- ``push_in_group``: rows summed with ``Allgatherv``; every rank applies the same lazy
+  update to its own copy;
+- ``push_to_servers``: the master gathers its group's rows, sums them and pushes them once
+  (local aggregation); ``push_and_prefetch`` does the same and asks for the next step's
+  rows in the same meeting;
+- ``pull_rows_from_servers`` / ``pull_whole_table``: the master asks the servers for the
+  union of its group's rows (or the whole table) and hands each rank its own.
+
+Only the rows touched travel, so traffic scales with α, not with the table.
+"""
+from __future__ import annotations
+
+import threading
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import mxnet as mx
+from mxnet.ndarray import NDArray
+
+from ..errors import KeyValueError
+from ..tensor_collectives import Group, broadcast_array
+from ..tensor_collectives.ops import wait_patiently
+from ..tensor_collectives.engine import EngineComm
+from ..tensor_collectives.rows import (allreduce_rows, gather_ids, gather_rows, local_rows,
+                                       scatter_rows, sum_rows)
+from .agreement import explain
+from .keys import Key, KeySlot
+from .ps.link import ServerLink
+
+
+def rows_live_on_servers(slot: KeySlot, num_servers: int, across_groups: bool) -> bool:
+    """Where rows live (``sparse.py``): on the servers for sparse weights whenever there are
+    servers, and for dense weights with sparse gradients when several client groups share
+    them; otherwise in the group."""
+    if num_servers == 0:
+        return False
+    return slot.sparse_weight or across_groups
+
+
+def row_sparse(rows, ids: np.ndarray, shape, ctx, dtype) -> NDArray:
+    return mx.nd.sparse.row_sparse_array((rows, ids), shape=shape, ctx=ctx, dtype=dtype)
+
+
+def count_rows(slot: KeySlot, ids: np.ndarray) -> None:
+    """Add this push's α (distinct rows this worker touched ÷ rows) to the key's tally."""
+    slot.alpha_sum += len(np.unique(ids)) / slot.shape[0]
+    slot.alpha_steps += 1
+
+
+# -- push --------------------------------------------------------------------------------
+def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
+                  group: Group, updater) -> None:
+    """Sum the rows over devices and the group; update (or overwrite) the local copy.
+    ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
+    grad = allreduce_rows(arrays, group, name=f"key {key!r}", ids=ids)
+    if updater is not None:
+        updater(key, grad, slot.value)
+    else:
+        grad.copyto(slot.value)
+
+
+def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
+                    group: Group, servers: Optional[ServerLink]) -> None:
+    """Local aggregation: the master gathers the group's rows, sums them and pushes the
+    sum (an empty one too: in sync mode the servers wait for every group's push).
+    ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
+    ids, rows = local_rows(arrays, ids)
+    ids, rows = gather_rows(ids, rows, group, root=0, name=f"key {key!r}")
+    if servers is None:
+        return
+    ids, rows = sum_rows(ids, rows)
+    group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
+    servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
+
+
+class Prefetch:
+    """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: filled
+    by the communication thread, read by the caller's thread once ``ready`` is set."""
+
+    def __init__(self, key: Key, ids: np.ndarray):
+        self.key, self.ids = key, ids          # this rank's sorted unique ids
+        self.rows: Optional[np.ndarray] = None
+        self.ready = threading.Event()
+
+
+def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray]],
+                      ids: np.ndarray, next_ids: np.ndarray, group: Group,
+                      servers: Optional[ServerLink], comm: EngineComm,
+                      call: Tuple[Optional[str], Optional[str]]) -> Prefetch:
+    """``push_to_servers``, its agreement and the pull of the next step's rows in one
+    meeting: every rank's rows, next ids and call (``call``: its local error, or its
+    signature; ``arrays`` is None after an error) go to the master in one gather. If the
+    calls match, the master pushes the sum and at once asks the servers for the union of
+    the next ids (ps-lite sends them after the push, so they come back updated); the
+    communication thread waits for them and hands each rank its own (``comm``'s group),
+    while the caller's thread goes on. If they differ, nothing is pushed: the communication
+    thread hands every rank the verdict, and every rank raises it at its next call."""
+    if arrays is None:
+        ids, rows = np.zeros(0, np.int64), np.zeros((0,) + tuple(slot.shape[1:]), slot.dtype)
+    else:
+        ids, rows = local_rows(arrays, ids)
+    with group.watchdog.waiting(lambda: f"the push of key {key!r} (its rows, the ranks' calls "
+                                        f"and the next step's row ids) on group {group.name}"):
+        gathered = group.comm.gather((ids, rows, next_ids, call), root=0)
+    group.bytes_sent["rows"] += ids.nbytes + rows.nbytes + next_ids.nbytes
+    prefetch = Prefetch(key, next_ids)
+    union = wanted = fetch = verdict = None
+    if group.rank == 0:
+        calls = [g[3] for g in gathered]
+        if any(error for error, _ in calls) or len({sig for _, sig in calls}) > 1:
+            verdict = explain("push", calls)
+        else:
+            all_ids = np.concatenate([g[0] for g in gathered])
+            all_rows = np.concatenate([g[1] for g in gathered])
+            wanted = [g[2] for g in gathered]
+            union = np.unique(np.concatenate(wanted))
+            if servers is not None:
+                summed_ids, summed = sum_rows(all_ids, all_rows)
+                group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
+                servers.push_rows(key, summed_ids, summed, slot.shape, slot.dtype)
+                if len(union):
+                    fetch = servers.start_pull_rows(key, union, slot.shape, slot.dtype)
+    row_shape, dtype = slot.shape[1:], slot.dtype
+    engine_group = comm.group
+
+    def hand_out() -> None:   # on the communication thread, every rank of the group
+        failed = np.array([verdict is not None], np.int64)
+        with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key "
+                                                   f"{key!r}"):
+            wait_patiently(engine_group.comm.Ibcast(failed, root=0))
+            if failed[0]:   # rare: the text too; the thread stops, every rank raises it
+                raise KeyValueError(engine_group.comm.bcast(verdict, root=0))
+        parts = None
+        if engine_group.rank == 0:
+            with engine_group.watchdog.waiting(
+                    lambda: f"the parameter servers to return {len(union)} prefetched rows of "
+                            f"key {key!r}", collective=False, outward=True):
+                table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
+            parts = [table[np.searchsorted(union, w)] for w in wanted]
+        prefetch.rows = scatter_rows(parts, row_shape, dtype, len(next_ids), engine_group,
+                                     name=f"key {key!r} (prefetched)")
+        prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
+
+    comm.enqueue(f"the prefetched rows of key {key!r}", hand_out)
+    return prefetch
+
+
+def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],
+                       slot: KeySlot) -> None:
+    """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which
+    the prefetch must hold: ``check_prefetched``)."""
+    for o, i in zip(outs, ids):
+        part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
+        row_sparse(part, i, slot.shape, o.context, slot.dtype).copyto(o)
+
+
+def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
+    """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
+    return all(not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
+
+
+# -- pull --------------------------------------------------------------------------------
+def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
+                     servers: Optional[ServerLink]) -> None:
+    """The servers' whole table into ``into`` on every rank (``pull`` of a dense weight
+    whose rows live on the servers: Gluon pulls all of it, as with MXNet's own stores)."""
+    if servers is not None:
+        into[:] = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
+                                    slot.dtype).reshape(into.shape)
+    broadcast_array(into, 0, group, name=f"key {key!r} from the servers", patient=True)
+
+
+def _unique_ids(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:
+    ids = np.unique(row_ids.asnumpy().astype(np.int64).reshape(-1))
+    if len(ids) and (ids[0] < 0 or ids[-1] >= rows):
+        raise KeyValueError(f"row_ids of key {key!r} hold {ids[0] if ids[0] < 0 else ids[-1]}, "
+                            f"outside the table's {rows} rows: pass ids in [0, {rows})")
+    return ids
+
+
+def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray],
+                    row_ids: List[NDArray]) -> List[np.ndarray]:
+    """Each out's sorted unique ids; raises KeyValueError on bad arguments."""
+    if len(row_ids) != len(outs):
+        raise KeyValueError(f"row_sparse_pull of key {key!r} got {len(outs)} out array(s) and "
+                            f"{len(row_ids)} row_ids: pass one row_ids array per out array")
+    for o in outs:
+        if o.stype != "row_sparse":
+            raise KeyValueError(f"out of row_sparse_pull of key {key!r} is {o.stype}: pass "
+                                "row_sparse arrays (or use pull for dense ones)")
+    for r in row_ids:
+        if not isinstance(r, NDArray):
+            raise KeyValueError(f"row_ids of key {key!r} must be NDArrays, got "
+                                f"{type(r).__name__}")
+    return [_unique_ids(r, slot.shape[0], key) for r in row_ids]
+
+
+def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -> None:
+    """Rows of the local copy (every rank holds the same one)."""
+    for o, i in zip(outs, ids):
+        if len(i):
+            rows = mx.nd.take(slot.value, mx.nd.array(i, ctx=slot.value.context, dtype="int64"))
+        else:  # MXNet's operators reject empty arrays
+            rows = np.zeros((0,) + slot.shape[1:], slot.dtype)
+        row_sparse(rows, i, slot.shape, o.context, slot.dtype).copyto(o)
+
+
+def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
+                           group: Group, servers: Optional[ServerLink]) -> None:
+    """The master pulls the union of the group's ids once and hands each rank its rows."""
+    mine = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+    wanted = gather_ids(mine, group, name=f"key {key!r}")
+    parts = None
+    if group.rank == 0:
+        union = np.unique(np.concatenate(wanted))
+        table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
+                 else np.zeros((0,) + slot.shape[1:], slot.dtype))
+        parts = [table[np.searchsorted(union, w)] for w in wanted]
+    rows = scatter_rows(parts, slot.shape[1:], slot.dtype, len(mine), group,
+                        name=f"key {key!r}")
+    for o, i in zip(outs, ids):
+        part = rows[np.searchsorted(mine, i)]
+        row_sparse(part, i, slot.shape, o.context, slot.dtype).copyto(o)
