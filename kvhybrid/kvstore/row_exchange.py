@@ -24,9 +24,9 @@ from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.ops import wait_patiently
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.rows import (allreduce_rows, gather_ids, gather_rows, local_rows,
+from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_rows,
                                        scatter_rows, sum_rows)
-from .agreement import explain
+from .agreement import digest, explain
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
 
@@ -67,11 +67,11 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.
     """Local aggregation: the master gathers the group's rows, sums them and pushes the
     sum (an empty one too: in sync mode the servers wait for every group's push).
     ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
-    ids, rows = local_rows(arrays, ids)
-    ids, rows = gather_rows(ids, rows, group, root=0, name=f"key {key!r}")
-    if servers is None:
+    gathered = gather_patiently(local_rows(arrays, ids), group, root=0, name=f"key {key!r}")
+    if servers is None:   # (the master holds the link)
         return
-    ids, rows = sum_rows(ids, rows)
+    ids, rows = sum_rows(np.concatenate([g[0] for g in gathered]),
+                         np.concatenate([g[1] for g in gathered]))
     group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
     servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
 
@@ -102,17 +102,18 @@ def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray
         ids, rows = np.zeros(0, np.int64), np.zeros((0,) + tuple(slot.shape[1:]), slot.dtype)
     else:
         ids, rows = local_rows(arrays, ids)
-    with group.watchdog.waiting(lambda: f"the push of key {key!r} (its rows, the ranks' calls "
-                                        f"and the next step's row ids) on group {group.name}"):
-        gathered = group.comm.gather((ids, rows, next_ids, call), root=0)
-    group.bytes_sent["rows"] += ids.nbytes + rows.nbytes + next_ids.nbytes
+    error, signature = call
+    agreement = np.array([1 if error else 0, 0 if error else digest(signature)], np.int64)
+    gathered = gather_patiently([ids, rows, next_ids, agreement], group, root=0,
+                                name=f"the push of key {key!r} (its rows, the ranks' calls "
+                                     "and the next step's row ids)")
     prefetch = Prefetch(key, next_ids)
-    union = wanted = fetch = verdict = None
+    union = wanted = fetch = None
+    failed = False
     if group.rank == 0:
-        calls = [g[3] for g in gathered]
-        if any(error for error, _ in calls) or len({sig for _, sig in calls}) > 1:
-            verdict = explain("push", calls)
-        else:
+        calls = [tuple(g[3]) for g in gathered]
+        failed = any(e for e, _ in calls) or len({sig for _, sig in calls}) > 1
+        if not failed:
             all_ids = np.concatenate([g[0] for g in gathered])
             all_rows = np.concatenate([g[1] for g in gathered])
             wanted = [g[2] for g in gathered]
@@ -127,12 +128,14 @@ def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray
     engine_group = comm.group
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
-        failed = np.array([verdict is not None], np.int64)
+        verdict = np.array([failed], np.int64)
         with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key "
                                                    f"{key!r}"):
-            wait_patiently(engine_group.comm.Ibcast(failed, root=0))
-            if failed[0]:   # rare: the text too; the thread stops, every rank raises it
-                raise KeyValueError(engine_group.comm.bcast(verdict, root=0))
+            wait_patiently(engine_group.comm.Ibcast(verdict, root=0))
+            if verdict[0]:   # rare: the calls' texts; the thread stops, every rank raises
+                details = engine_group.comm.gather(call, root=0)
+                text = explain("push", details) if engine_group.rank == 0 else None
+                raise KeyValueError(engine_group.comm.bcast(text, root=0))
         parts = None
         if engine_group.rank == 0:
             with engine_group.watchdog.waiting(
@@ -212,9 +215,10 @@ def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: Li
                            group: Group, servers: Optional[ServerLink]) -> None:
     """The master pulls the union of the group's ids once and hands each rank its rows."""
     mine = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
-    wanted = gather_ids(mine, group, name=f"key {key!r}")
+    gathered = gather_patiently([mine], group, root=0, name=f"the row ids of key {key!r}")
     parts = None
     if group.rank == 0:
+        wanted = [g[0] for g in gathered]
         union = np.unique(np.concatenate(wanted))
         table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
                  else np.zeros((0,) + slot.shape[1:], slot.dtype))

@@ -3,13 +3,14 @@
 - ``allreduce_rows``: the Horovod-style path for ``row_sparse`` gradients when
   the rows stay inside the group (``gather_rows`` to every rank; every rank sums
   the same gathered rows in the same order, so results are bit-identical).
-- ``gather_rows`` / ``scatter_rows``: Parallax's local aggregation around the
+- ``gather_patiently`` / ``scatter_rows``: Parallax's local aggregation around the
   parameter servers. The master gathers the group's rows (and sums them) before
-  it pushes, and hands each rank the rows it asked for after it pulls.
+  it pushes, and hands each rank the rows it asked for after it pulls; the ranks
+  waiting for the master wait without spinning.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -71,10 +72,53 @@ def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, root: Optional[
     return all_ids, all_rows
 
 
-def gather_ids(ids: np.ndarray, group: Group, root: int = 0, name: str = "rows"):
-    """Every rank's ids on ``root`` as a list (None elsewhere)."""
-    with group.watchdog.waiting(lambda: f"the row ids of {name} on group {group.name}"):
-        return group.comm.gather(np.ascontiguousarray(ids, dtype=np.int64), root=root)
+def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
+                     name: str = "rows") -> Optional[List[List[np.ndarray]]]:
+    """Every rank's ``arrays`` on ``root``, a list per rank in rank order (None elsewhere).
+    Position i holds one dtype and one row shape on every rank; the lengths may differ.
+
+    ``comm.gather`` would pickle, and its ranks would spin until the root arrives: on a host
+    with more processes than cores they take the CPU from the ranks still computing (the
+    root waits for the slowest backward pass). Here the lengths travel in one ``Igather``
+    and the arrays in one ``Igatherv`` each, and the ranks that only send wait without
+    spinning (``wait_patiently``); the root, the one rank that must go on at once, waits
+    on MPI."""
+    comm, is_root = group.comm, group.rank == root
+    counts = np.array([len(a) for a in arrays], dtype=np.int64)
+    table = np.empty((group.size, len(arrays)), dtype=np.int64) if is_root else None
+    widths = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays]
+
+    def wait(request) -> None:
+        if is_root:
+            request.Wait()
+        else:
+            wait_patiently(request)
+
+    buffers = []
+    with group.watchdog.waiting(lambda: f"the gather of {name} on group {group.name} of "
+                                        f"{group.size} ranks"):
+        wait(comm.Igather(counts, table, root=root))
+        requests = []
+        for i, (a, width) in enumerate(zip(arrays, widths)):
+            flat = _wire(np.ascontiguousarray(a).reshape(-1))
+            if is_root:
+                sizes = table[:, i] * width
+                buf = np.empty(int(sizes.sum()), dtype=a.dtype)
+                requests.append(comm.Igatherv(flat, [_wire(buf), sizes], root=root))
+                buffers.append(buf)
+            else:
+                requests.append(comm.Igatherv(flat, None, root=root))
+        for request in requests:
+            wait(request)
+    group.bytes_sent["rows"] += sum(a.nbytes for a in arrays)
+    if not is_root:
+        return None
+    per_rank: List[List[np.ndarray]] = [[] for _ in range(group.size)]
+    for i, (a, buf, width) in enumerate(zip(arrays, buffers, widths)):
+        bounds = np.concatenate([[0], np.cumsum(table[:, i] * width)])
+        for r in range(group.size):
+            per_rank[r].append(buf[bounds[r]:bounds[r + 1]].reshape((-1,) + a.shape[1:]))
+    return per_rank
 
 
 def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 0,
