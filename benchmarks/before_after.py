@@ -78,7 +78,8 @@ def _plot(results: dict, path: Path) -> None:
     ax.bar(labels, medians, yerr=[lows, highs], capsize=4, color="tab:blue")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("after ÷ before throughput")
-    ax.set_title(f"kvhybrid {results['base']} → working tree, {len(results['rounds'])} rounds")
+    ax.set_title(f"kvhybrid {results['base']} → {results.get('after', 'working tree')}, "
+                 f"{len(results['rounds'])} rounds")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -103,6 +104,11 @@ def main(argv=None) -> None:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     base = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.base], check=True,
                           capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    after = f"{head} with uncommitted changes" if dirty else head
     rounds: List[dict] = []
     with tempfile.TemporaryDirectory(prefix="kvhybrid-before-after-") as tmp:
         where = Path(tmp)
@@ -126,9 +132,9 @@ def main(argv=None) -> None:
                  x["after"][model][system]["step_seconds"] for x in rounds]
             ratios[f"{model} {system}"] = {"median": statistics.median(r), "min": min(r),
                                            "max": max(r), "rounds": r}
-    results = {"base": base, "rounds": rounds, "ratios": ratios}
+    results = {"base": base, "after": after, "rounds": rounds, "ratios": ratios}
     table = "\n".join([
-        f"# kvhybrid before ({base}) and after (the working tree), loopback, {args.workers} "
+        f"# kvhybrid before ({base}) and after ({after}), loopback, {args.workers} "
         f"workers, {args.rounds} round(s) with the order alternated", "",
         _table(rounds, args), "",
         f"Median step after warm-up ({args.warmup} of {args.steps} steps) of each run, median "
