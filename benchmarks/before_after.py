@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from . import ROOT
-from .common import footer, write_outputs
+from .common import footer, ratio_cell, run_job, save_figure, write_outputs
 
 log = logging.getLogger("benchmarks")
 
@@ -41,12 +40,10 @@ def _run(tree: Path, args, out: Path) -> Dict[str, dict]:
     cmd = [sys.executable, "-m", "benchmarks.models", "--models", *args.models,
            "--systems", *args.systems, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--workers", str(args.workers), "--out", str(out), "--name", "run"]
-    # the tree's kvhybrid first (its benchmarks/__init__ puts its root on every job's path)
-    proc = subprocess.run(cmd, cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)),
-                          capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode:
-        raise SystemExit(f"before_after: the run in {tree} failed (exit {proc.returncode}):\n"
-                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    # the tree's kvhybrid and benchmarks first (its benchmarks/__init__ puts its root on
+    # every job's path); a timeout or Ctrl-C stops the job's launcher and processes
+    run_job(cmd, dict(os.environ, PYTHONPATH=str(tree)), args.timeout,
+            f"the models run in {tree}", "before_after")
     return json.loads((out / "run_rounds.json").read_text())["rounds"][0]
 
 
@@ -59,8 +56,7 @@ def _table(rounds: List[dict], args) -> str:
             after = [r["after"][model][system]["step_seconds"] for r in rounds]
             ratios = [b / a for b, a in zip(before, after)]
             lines.append(f"| {model} | {system} | {statistics.median(before) * 1e3:.1f} | "
-                         f"{statistics.median(after) * 1e3:.1f} | "
-                         f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) |")
+                         f"{statistics.median(after) * 1e3:.1f} | {ratio_cell(ratios)} |")
     return "\n".join(lines)
 
 
@@ -80,9 +76,7 @@ def _plot(results: dict, path: Path) -> None:
     ax.set_ylabel("after ÷ before throughput")
     ax.set_title(f"kvhybrid {results['base']} → {results.get('after', 'working tree')}, "
                  f"{len(results['rounds'])} rounds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> None:
@@ -141,7 +135,6 @@ def main(argv=None) -> None:
         "over the rounds; the ratio is after's throughput ÷ before's in the same round.", "",
         *footer("before_after", argv if argv is not None else sys.argv[1:])]) + "\n"
     write_outputs(args.out, args.name, table, results, _plot)
-    log.info("before_after: %s", shlex.join(sys.argv))
 
 
 if __name__ == "__main__":

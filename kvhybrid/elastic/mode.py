@@ -44,6 +44,7 @@ class ElasticMode(AsyncMode):
     tables_in_groups = True
 
     def __init__(self):
+        self._alpha = 0.0      # KVHYBRID_ELASTIC_ALPHA (0: 0.9 ÷ client groups, set at bind)
         self.alpha = 0.0
         self.interval = 0
         self._steps: Dict[Key, int] = {}

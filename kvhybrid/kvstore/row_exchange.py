@@ -24,7 +24,7 @@ from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.ops import wait_patiently
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_rows,
+from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_rows, sum_rows)
 from .agreement import digest, explain
 from .keys import Key, KeySlot
@@ -70,8 +70,8 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.
     gathered = gather_patiently(local_rows(arrays, ids), group, root=0, name=f"key {key!r}")
     if servers is None:   # (the master holds the link)
         return
-    ids, rows = sum_rows(np.concatenate([g[0] for g in gathered]),
-                         np.concatenate([g[1] for g in gathered]))
+    (all_ids, _), (all_rows, _) = gathered
+    ids, rows = sum_rows(all_ids, all_rows)
     group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
     servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
 
@@ -111,13 +111,12 @@ def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray
     union = wanted = fetch = None
     failed = False
     if group.rank == 0:
-        calls = [tuple(g[3]) for g in gathered]
-        failed = any(e for e, _ in calls) or len({sig for _, sig in calls}) > 1
+        (all_ids, _), (all_rows, _), (nexts, counts), (calls, _) = gathered
+        calls = calls.reshape(-1, 2)   # (error flag, digest) per rank
+        failed = bool(calls[:, 0].any()) or len(set(calls[:, 1].tolist())) > 1
         if not failed:
-            all_ids = np.concatenate([g[0] for g in gathered])
-            all_rows = np.concatenate([g[1] for g in gathered])
-            wanted = [g[2] for g in gathered]
-            union = np.unique(np.concatenate(wanted))
+            wanted = by_rank(nexts, counts)
+            union = np.unique(nexts)
             if servers is not None:
                 summed_ids, summed = sum_rows(all_ids, all_rows)
                 group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
@@ -218,8 +217,9 @@ def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: Li
     gathered = gather_patiently([mine], group, root=0, name=f"the row ids of key {key!r}")
     parts = None
     if group.rank == 0:
-        wanted = [g[0] for g in gathered]
-        union = np.unique(np.concatenate(wanted))
+        (whole, counts), = gathered
+        wanted = by_rank(whole, counts)
+        union = np.unique(whole)
         table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
                  else np.zeros((0,) + slot.shape[1:], slot.dtype))
         parts = [table[np.searchsorted(union, w)] for w in wanted]

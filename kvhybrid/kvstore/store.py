@@ -528,12 +528,12 @@ class HybridMPIStore(mx.kv.KVStore):
             return
         self._closed = True
         placement = self.placement
+        stats = self.key_stats()
         if self.config.stats_file and self.rank == 0:
-            write_stats(self.config.stats_file, self.clock, self.key_stats(),
+            write_stats(self.config.stats_file, self.clock, stats,
                         partitions=self.config.partitions, workers=self.num_workers,
                         clients=placement.num_clients, servers=self.config.num_servers,
                         ps_requests=placement.servers.requests if placement.servers else 0)
-        stats = self.key_stats()
         if stats and self.group.rank == 0:
             log.info("row_sparse keys (α as rank 0 saw it): %s", "; ".join(
                 f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "

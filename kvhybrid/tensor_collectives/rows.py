@@ -40,42 +40,29 @@ def local_rows(arrays: Sequence[NDArray],
     return ids, np.concatenate([a.data.asnumpy() for a in arrays])
 
 
-def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, root: Optional[int] = None,
-                name: str = "rows"):
-    """Every rank's (ids, rows), concatenated in rank order: on every rank (``root=None``,
-    ``Allgatherv``) or on ``root`` only (``Gatherv``; the others get ``(None, None)``)."""
+def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, name: str = "rows"):
+    """Every rank's (ids, rows), concatenated in rank order, on every rank (``Allgatherv``)."""
     comm, dog = group.comm, group.watchdog
-    everyone = root is None
     with dog.waiting(lambda: f"the row counts of {name} on group {group.name}"):
-        counts = comm.allgather(len(ids)) if everyone else comm.gather(len(ids), root=root)
+        counts = np.array(comm.allgather(len(ids)), dtype=np.int64)
     group.bytes_sent["rows"] += ids.nbytes + rows.nbytes
     ids, flat = np.ascontiguousarray(ids), _wire(np.ascontiguousarray(rows).reshape(-1))
-    if not everyone and group.rank != root:
-        with dog.waiting(lambda: f"rank {root} to gather the rows of {name} on group "
-                                 f"{group.name}"):
-            comm.Gatherv(ids, None, root=root)
-            comm.Gatherv(flat, None, root=root)
-        return None, None
-    counts = np.array(counts, dtype=np.int64)
     width = int(np.prod(rows.shape[1:], dtype=np.int64))
     all_ids = np.empty(int(counts.sum()), dtype=np.int64)
     all_rows = np.empty((int(counts.sum()),) + rows.shape[1:], dtype=rows.dtype)
-    with dog.waiting(lambda: f"{'allgatherv' if everyone else 'gatherv'} of "
-                             f"{int(counts.sum())} rows of {name} on group {group.name} of "
-                             f"{group.size} ranks"):
-        if everyone:
-            comm.Allgatherv(ids, [all_ids, counts])
-            comm.Allgatherv(flat, [_wire(all_rows.reshape(-1)), counts * width])
-        else:
-            comm.Gatherv(ids, [all_ids, counts], root=root)
-            comm.Gatherv(flat, [_wire(all_rows.reshape(-1)), counts * width], root=root)
+    with dog.waiting(lambda: f"allgatherv of {int(counts.sum())} rows of {name} on group "
+                             f"{group.name} of {group.size} ranks"):
+        comm.Allgatherv(ids, [all_ids, counts])
+        comm.Allgatherv(flat, [_wire(all_rows.reshape(-1)), counts * width])
     return all_ids, all_rows
 
 
 def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
-                     name: str = "rows") -> Optional[List[List[np.ndarray]]]:
-    """Every rank's ``arrays`` on ``root``, a list per rank in rank order (None elsewhere).
-    Position i holds one dtype and one row shape on every rank; the lengths may differ.
+                     name: str = "rows") -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
+    """Every rank's ``arrays`` on ``root`` (None elsewhere): for each position, the ranks'
+    arrays concatenated in rank order and each rank's length (``by_rank`` splits them
+    without a copy). Position i holds one dtype and one row shape on every rank; the
+    lengths may differ.
 
     ``comm.gather`` would pickle, and its ranks would spin until the root arrives: on a host
     with more processes than cores they take the CPU from the ranks still computing (the
@@ -113,12 +100,13 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     group.bytes_sent["rows"] += sum(a.nbytes for a in arrays)
     if not is_root:
         return None
-    per_rank: List[List[np.ndarray]] = [[] for _ in range(group.size)]
-    for i, (a, buf, width) in enumerate(zip(arrays, buffers, widths)):
-        bounds = np.concatenate([[0], np.cumsum(table[:, i] * width)])
-        for r in range(group.size):
-            per_rank[r].append(buf[bounds[r]:bounds[r + 1]].reshape((-1,) + a.shape[1:]))
-    return per_rank
+    return [(buf.reshape((-1,) + a.shape[1:]), table[:, i])
+            for i, (a, buf) in enumerate(zip(arrays, buffers))]
+
+
+def by_rank(whole: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:
+    """``gather_patiently``'s concatenation split into each rank's part (views)."""
+    return np.split(whole, np.cumsum(counts)[:-1])
 
 
 def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 0,
