@@ -100,11 +100,14 @@ class Calls:
     def __init__(self, group: Group, patient: Callable[[], bool]):
         self.group, self._patient = group, patient
         self._memo: Dict[tuple, CheckedCall] = {}
+        #: runs before every meeting of the group here (``SparsePath.settle_pulls``)
+        self.before_meeting: Callable[[], None] = lambda: None
 
     def check(self, what: str, build, about: str = ""):
         """Run ``build()`` (local checks, returns (result, signature)) and agree with all
         ranks: every rank raises the same error if any rank failed or the signatures differ;
         returns this rank's result."""
+        self.before_meeting()
         try:
             result, signature = build()
             error = None
@@ -126,6 +129,7 @@ class Calls:
             if engine is not None:
                 overlap.check_signature(engine, call.signature, f"pushpull of key {key!r}")
             else:
+                self.before_meeting()
                 agree(self.group, "pushpull", call.signature, None, f" of key {key!r}",
                       patient=self._patient())
             return call

@@ -150,6 +150,35 @@ def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray
     return prefetch
 
 
+class PullCheck:
+    """One pull of prefetched rows, checked on the communication thread: did every rank
+    find its rows among them, and did every rank pull the same key? Until ``done``, the
+    ranks that had their rows go on; one that did not waits in ``SparsePath.settle_pulls``
+    for the others to serve it a plain pull."""
+
+    def __init__(self, key: Key, build, work, signature: Optional[str], covered: bool):
+        self.key, self.build, self.work, self.signature = key, build, work, signature
+        self.covered = covered
+        self.needs_plain_pull = False   # set by the check, on every rank alike
+        self.done = threading.Event()
+
+
+def check_pull(check: PullCheck, comm: EngineComm) -> None:
+    """Queue ``check``'s small allreduce on the communication thread (off the caller's)."""
+    group, tag = comm.group, digest(("row_sparse_pull", check.key))
+    flags = np.array([0 if check.covered else 1, tag, -tag], dtype=np.int64)
+
+    def run() -> None:
+        MPI = group.MPI
+        with group.watchdog.waiting(lambda: f"the ranks to check their prefetched rows of key "
+                                            f"{check.key!r}"):
+            wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+        check.needs_plain_pull = bool(flags[0]) or flags[1] != -flags[2]
+        check.done.set()
+
+    comm.enqueue(f"the check of the prefetched rows of key {check.key!r}", run)
+
+
 def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],
                        slot: KeySlot) -> None:
     """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which

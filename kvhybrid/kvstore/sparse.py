@@ -30,8 +30,9 @@ rows come back while the step goes on.
 """
 from __future__ import annotations
 
+import collections
 import logging
-from typing import Dict, Optional
+from typing import Deque, Dict, Optional
 
 import numpy as np
 import mxnet as mx
@@ -40,7 +41,6 @@ from ..config import StoreConfig
 from ..errors import KeyValueError
 from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.ops import wait_patiently
 from ..tensor_collectives.rows import local_ids
 from . import routing
 from . import row_exchange as rx
@@ -65,6 +65,8 @@ class SparsePath:
         self.param_names: Dict[Key, str] = {}
         self._prefetch_ids: Dict[Key, np.ndarray] = {}       # asked for, sent with the next push
         self._prefetched: Dict[Key, rx.Prefetch] = {}        # on their way, for the next pull
+        self._unsettled: Deque[rx.PullCheck] = collections.deque()   # see settle_pulls
+        self._settling = False
 
     @property
     def group(self):
@@ -148,6 +150,7 @@ class SparsePath:
         slot = self.slots.get(key)
         if slot is None or slot.route is None or not slot.rows_on_servers:
             return False
+        self.settle_pulls()   # (before this meeting: see settle_pulls)
         arrays = ids = None
         try:
             work, signature = signed()
@@ -284,16 +287,13 @@ class SparsePath:
             return work, f"row_sparse_pull {keys_text(outs)}"
 
         if not isinstance(key, (list, tuple)) and key in self._prefetched:
-            # the rows first: a push whose calls differed raises here, on every rank, before
-            # any meeting (its verdict comes with them)
-            self._wait_for_prefetch(self._prefetched[key])
-            work = self._prefetch_covers(key, build)   # one small meeting instead of three
-            if work is not None:
-                for k, slot, outs, ids in work:
-                    self._wait_for_prefetch(self._prefetched[k])
-                    rx.rows_from_prefetch(self._prefetched[k], outs, ids, slot)
-                return
-            del self._prefetched[key]   # not the ids prefetched (on some rank): the plain pull
+            self._pull_prefetched(key, build)
+            return
+        self._plain_pull(key, build)
+
+    def _plain_pull(self, key, build, need_rows: bool = True) -> None:
+        """The pull through the master: agreement, the ids' gather, the rows' scatter.
+        ``need_rows`` False: this rank takes part for another rank, asking for no rows."""
         if not self.config.num_servers:  # every rank holds every row: nothing to agree on
             try:
                 work = build()[0]
@@ -302,27 +302,68 @@ class SparsePath:
         else:
             work = self.calls.check("row_sparse_pull", build, f" of key {key!r}")
         for k, slot, outs, ids in work:
+            if not need_rows:
+                outs, ids = [], []
             if slot.rows_on_servers:
                 rx.pull_rows_from_servers(k, slot, outs, ids, self.row_group, self.servers)
             else:
                 rx.pull_rows_local(slot, outs, ids)
 
-    def _prefetch_covers(self, key, build) -> Optional[list]:
-        """The pull's checked work if every rank's prefetched rows hold what it asks for
-        and its arguments are fine, else None (then the plain pull, whose agreement raises
-        the same error on every rank for bad arguments). One small allreduce decides."""
+    def _pull_prefetched(self, key, build) -> None:
+        """A pull of a key whose next rows were fetched ahead (``prefetch_rows``). If this
+        rank's rows are among them it takes them and goes on, meeting no one: the ranks
+        check, on the communication thread, that every rank had its rows (``PullCheck``).
+        A rank whose rows are not there (an evaluation batch) or whose arguments are bad
+        meets the others for a plain pull; they take part at their next call that meets the
+        group (``settle_pulls``), and a bad argument raises there, on every rank, before
+        anything changed."""
         prefetch = self._prefetched[key]
+        # the rows first: a push whose calls differed raises here, on every rank, before any
+        # meeting (its verdict comes with them)
+        self._wait_for_prefetch(prefetch)
         try:
-            work = build()[0]
+            work, signature = build()
             covered = all(rx.prefetch_holds(prefetch, ids) for *_, ids in work)
         except KeyValueError:
-            work, covered = None, False
-        flags = np.array([0 if covered else 1], dtype=np.int64)
-        MPI = self.group.MPI
-        with self.group.watchdog.waiting(lambda: f"the ranks to agree on using the prefetched "
-                                                 f"rows of key {key!r}"):
-            wait_patiently(self.group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
-        return work if flags[0] == 0 else None
+            work, signature, covered = None, None, False
+        check = rx.PullCheck(key, build, work, signature, covered)
+        rx.check_pull(check, self.engine)
+        self._unsettled.append(check)
+        if covered:
+            for k, slot, outs, ids in work:
+                rx.rows_from_prefetch(prefetch, outs, ids, slot)
+            return
+        self.settle_pulls()   # (this pull's check among them: it says the pull is served)
+
+    def settle_pulls(self) -> None:
+        """Serve, in order, the pulls some rank could not take from prefetched rows
+        (``_pull_prefetched``): every rank calls this before it meets the group on the
+        caller's thread, so every rank runs the same plain pulls at the same point."""
+        if self._settling:   # (a served pull's own agreement)
+            return
+        self._settling = True
+        try:
+            self._settle()
+        finally:
+            self._settling = False
+
+    def _settle(self) -> None:
+        while self._unsettled:
+            check = self._unsettled[0]
+            with self.group.watchdog.waiting(
+                    lambda: f"the ranks to check their prefetched rows of key {check.key!r}",
+                    collective=False):
+                while not check.done.wait(0.05):
+                    self.engine.check()   # its thread failed: the check will not come
+            self.engine.check()
+            self._unsettled.popleft()
+            if not check.needs_plain_pull:
+                continue
+            if check.covered:   # take part, asking for no rows, under this rank's signature
+                self._plain_pull(check.key, lambda: (check.work, check.signature),
+                                 need_rows=False)
+            else:   # raises on every rank if some rank's arguments were bad
+                self._plain_pull(check.key, check.build)
 
     def prefetch_rows(self, key, row_ids) -> None:
         """Hand over the row ids the next forward pass will pull of ``key`` (see
@@ -365,5 +406,6 @@ class SparsePath:
                 for k, s in self.slots.items() if s.alpha_steps}
 
     def close(self) -> None:
+        self._unsettled.clear()
         self._prefetch_ids.clear()
         self._prefetched.clear()

@@ -124,6 +124,9 @@ class HybridMPIStore(mx.kv.KVStore):
         self.dense = DensePath(self.config, self.mode, self.placement, self._slots, self._engine)
         self.sparse = SparsePath(self.config, self.mode, self.placement, self._slots,
                                  self.dense, self.calls, self._engine)
+        # a pull some rank could not take from prefetched rows is served at every rank's
+        # next meeting on the caller's thread
+        self.calls.before_meeting = self.sparse.settle_pulls
         self.clock = StepClock()
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
@@ -357,12 +360,13 @@ class HybridMPIStore(mx.kv.KVStore):
         """Hand over the row ids the next forward pass will pull of ``key`` (the next batch's
         word ids, on every rank): the next push of the key sends them along, and its rows
         come back from the servers while the step goes on, so that the next
-        ``row_sparse_pull`` of ``key`` meets the other ranks once (a small allreduce: did
-        every rank get the rows it asks for?) instead of three times, and waits for no
+        ``row_sparse_pull`` of ``key`` takes them without meeting the other ranks (whether
+        every rank had its rows is checked on the communication thread) and waits for no
         round trip. Values are those of the plain pull: the rows are asked for after that
-        push. A pull of other rows (an evaluation batch) takes the plain path. Only sparse
-        weights on the servers take it (their pulls go through the master); for any other
-        key (a table held by every rank, a dense weight, a key not initialised yet, which
+        push. A pull of other rows (an evaluation batch) takes the plain path, served by the
+        other ranks at their next meeting (``settle_pulls``). Only sparse weights on the
+        servers take it (their pulls go through the master); for any other key (a table
+        held by every rank, a dense weight, a key not initialised yet, which
         Gluon does at the first step) and a store without the engine path it does nothing."""
         self._open()
         self.sparse.prefetch_rows(key, row_ids)
@@ -477,6 +481,13 @@ class HybridMPIStore(mx.kv.KVStore):
         the signatures differ; returns this rank's result."""
         return self.calls.check(what, build, about)
 
+    def settle_pulls(self) -> None:
+        """Take part in the pulls that some rank could not take from its prefetched rows
+        (``prefetch_rows``). The store does this before each of its own meetings; code that
+        meets the group's communicator itself, outside the store's calls, calls it first."""
+        self._open()
+        self.sparse.settle_pulls()
+
     def forget_prefetched(self) -> None:
         """Drop rows fetched ahead (their values are about to be replaced)."""
         self.sparse.forget_prefetched()
@@ -512,6 +523,7 @@ class HybridMPIStore(mx.kv.KVStore):
     def barrier(self) -> None:
         """Wait until every rank of every client group has reached this point (and, with
         servers, until this group's pushes have been answered by them)."""
+        self.settle_pulls()
         with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
             self.group.comm.Barrier()
         if self.placement.sum_across_groups or self.row_group is not self.group:
@@ -526,6 +538,10 @@ class HybridMPIStore(mx.kv.KVStore):
         """Stop the watchdog and drop the store's arrays (idempotent)."""
         if self._closed:
             return
+        try:   # a rank may be waiting for this one to serve it a pull
+            self.sparse.settle_pulls()
+        except KVHybridError as exc:
+            log.warning("kvhybrid: closing with a pull unserved: %s", exc)
         self._closed = True
         placement = self.placement
         stats = self.key_stats()

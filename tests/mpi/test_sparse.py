@@ -124,21 +124,21 @@ def test_prefetched_rows_train_bit_for_bit_like_plain_pulls(prefetch_job, kind):
             assert np.array_equal(got[name], plain[name]), f"rank {rank} {name} differs"
 
 
-def test_prefetched_steps_meet_the_group_twice_fewer_per_pull_and_per_push(prefetch_job):
+def test_prefetched_pulls_meet_no_one_and_prefetching_pushes_meet_once(prefetch_job):
     # a sparse weight's pull through the master meets the group 3 times (agreement, ids,
     # rows); prefetched, the push carries the ids, the rows come on the engine thread, and
-    # one small allreduce checks that every rank got its rows
+    # the check that every rank got its rows runs there too
     ranks, ndev, out = prefetch_job
     for rank in range(ranks):
         got = json.load(open(out / f"weight-stats-rank{rank}.json"))["collectives"]
         plain = json.load(open(out / "plain" / f"weight-stats-rank{rank}.json"))["collectives"]
         pulls = (STEPS - 1) * ndev   # every step's pulls but the first step's (per device)
-        # each prefetched pull saves 2 meetings; a plain push meets twice (its agreement,
-        # then one gather of the rows), a prefetched one once (rows, next ids and the
-        # call's agreement in that gather), but the first, which agrees first (it decides
-        # the route), saves nothing; the final whole-table pull asks for rows the last
-        # prefetch did not, so it costs 1 more (the check)
-        assert plain["group"] - got["group"] == 2 * pulls + (STEPS - 1) - 1, (got, plain)
+        # each prefetched pull saves all 3 meetings; a plain push meets twice (its
+        # agreement, then one gather of the rows), a prefetched one once (rows, next ids and
+        # the call's agreement in that gather), but the first, which agrees first (it
+        # decides the route), saves nothing; the final whole-table pull asks for rows the
+        # last prefetch did not, so it is served as a plain pull (no more meetings)
+        assert plain["group"] - got["group"] == 3 * pulls + (STEPS - 1), (got, plain)
 
 
 @pytest.mark.parametrize("shape", [(2, 1, 0), (4, 2, 1)], ids=["pure-mpi", "2clients-1server"])
@@ -191,3 +191,23 @@ def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_noth
         assert got["message"].startswith("push failed on rank 1: key 'w' holds a sparse "
                                          "weight"), got
         assert got["requests_sent"] == 0, got
+
+
+def test_a_pull_the_prefetched_rows_miss_on_one_rank_is_served_by_the_others_next_call(tmp_path):
+    """Rank 0's pull is among the prefetched rows, rank 1's is not: rank 0 goes on without
+    meeting anyone and serves rank 1's plain pull at its next call; values are the plain
+    pull's. A bad argument on rank 1 then raises on both ranks and pushes nothing."""
+    r = run_launcher(["-n", 2, "--servers", 1], "prefetch_mixed.py", [tmp_path], timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    got = [json.load(open(tmp_path / f"mixed-rank{rank}.json")) for rank in range(2)]
+    assert got[0]["pulled"] == [-1, -1, 1] and got[1]["pulled"] == [-1, -1, 1], got
+    assert got[0]["pull_meetings"] == 0, got   # covered: the check ran on the engine thread
+    assert got[1]["pull_meetings"] == 3, got   # the plain pull: agreement, ids, rows
+    expected = [-2 if i in (0, 1, 10, 11) else 1 for i in range(20)]
+    for rank in range(2):
+        assert got[rank]["after"] == expected, got[rank]
+        assert got[rank]["raised"] == "KeyValueError", got[rank]
+        assert got[rank]["message"].startswith(
+            "row_sparse_pull failed on rank 1: out of row_sparse_pull of key 'w' is default"), \
+            got[rank]
+        assert got[rank]["requests_sent"] == 0, got[rank]

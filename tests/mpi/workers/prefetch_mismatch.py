@@ -8,23 +8,14 @@ import json
 import os
 import sys
 
-import numpy as np
 import mxnet as mx
 
-import kvhybrid  # noqa: F401
+sys.path.insert(0, os.path.dirname(__file__))
+from sparse_models import SMALL_TABLE as shape, small_table_store  # noqa: E402
 
 out_dir = sys.argv[1]
-kv = mx.kv.create("hybrid-mpi")
+kv, grad = small_table_store()
 rank = kv.rank
-shape = (20, 4)
-kv.init("w", mx.nd.ones(shape).tostype("row_sparse"))
-kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
-
-
-def grad():
-    return mx.nd.sparse.row_sparse_array((np.ones((2, 4), np.float32), [rank, 10 + rank]),
-                                         shape=shape)
-
 
 kv.push("w", grad())                          # the first push decides the route
 kv.prefetch_rows("w", mx.nd.array([0, 1, 2]))

@@ -109,3 +109,20 @@ def trained_weights(net) -> dict:
         else:
             out[name] = p.data(p.list_ctx()[0]).asnumpy()
     return out
+
+
+SMALL_TABLE = (20, 4)
+
+
+def small_table_store():
+    """A store holding one sparse weight 'w' (20 x 4, ones) on the servers, SGD (lr 1) there,
+    and this rank's gradient: ones in rows rank and 10 + rank (they go down by 1 a push)."""
+    import kvhybrid  # noqa: F401
+    kv = mx.kv.create("hybrid-mpi")
+    kv.init("w", mx.nd.ones(SMALL_TABLE).tostype("row_sparse"))
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
+
+    def grad():
+        return mx.nd.sparse.row_sparse_array(
+            (np.ones((2, 4), np.float32), [kv.rank, 10 + kv.rank]), shape=SMALL_TABLE)
+    return kv, grad

@@ -1,0 +1,61 @@
+"""Prefetched rows that cover one rank's pull and not the other's (an evaluation batch on
+rank 1): rank 0 takes its rows without meeting anyone, rank 1 waits in a plain pull that
+rank 0 serves at its next meeting (the push); both must see the values of the plain pull.
+Then rank 1's pull has a bad argument while rank 0's is covered: every rank must raise,
+rank 1 at its pull, rank 0 at its next call, and nothing may reach the servers.
+
+argv: OUT_DIR. Every rank writes OUT_DIR/mixed-rank{r}.json.
+"""
+import json
+import os
+import sys
+
+import mxnet as mx
+
+sys.path.insert(0, os.path.dirname(__file__))
+from sparse_models import SMALL_TABLE as shape, small_table_store  # noqa: E402
+
+out_dir = sys.argv[1]
+kv, grad = small_table_store()
+rank = kv.rank
+
+
+def pull(ids, out=None):
+    out = mx.nd.sparse.zeros("row_sparse", shape) if out is None else out
+    kv.row_sparse_pull("w", out=out, row_ids=mx.nd.array(ids))
+    return out.tostype("default").asnumpy()[ids, 0].tolist()
+
+
+def meetings():
+    return kv.collectives()["group"]
+
+
+result = {}
+kv.push("w", grad())                       # the first push decides the route
+kv.prefetch_rows("w", mx.nd.array([0, 1, 2]))
+kv.push("w", grad())                       # rows 0, 1, 10, 11 are -1 now; the rest 1
+before = meetings()
+ids = [0, 1, 2] if rank == 0 else [1, 11, 5]     # rank 1's are not among the prefetched
+result["pulled"] = pull(ids)
+result["pull_meetings"] = meetings() - before
+kv.push("w", grad())                       # rank 0 serves rank 1's pull first
+result["after"] = pull(list(range(20)))    # rows 0, 1, 10, 11 are -2 now
+
+# rank 1's pull is wrong (a dense out); rank 0's is covered
+kv.prefetch_rows("w", mx.nd.array([3, 4]))
+kv.push("w", grad())
+requests = kv.placement.servers.requests if kv.placement.servers is not None else 0
+try:
+    if rank == 1:
+        kv.row_sparse_pull("w", out=mx.nd.zeros(shape), row_ids=mx.nd.array([3, 4]))
+    else:
+        pull([3, 4])
+    kv.push("w", grad())
+    result["raised"] = None
+except mx.base.MXNetError as exc:
+    result.update(raised=type(exc).__name__, message=str(exc))
+result["requests_sent"] = (kv.placement.servers.requests
+                           if kv.placement.servers is not None else 0) - requests
+os.makedirs(out_dir, exist_ok=True)
+with open(os.path.join(out_dir, f"mixed-rank{rank}.json"), "w") as f:
+    json.dump(result, f)
