@@ -129,11 +129,6 @@ class Algorithms:
         """Sum ``view`` over the group in place with algorithm ``name``."""
         group = self.group
         self.calls[name] += 1
-        if self.patient and name != "mpi" and group.size > 1:
-            # the others run in lockstep, spinning in blocking calls: arrive without
-            # spinning first, the wait for the slowest rank's backward being the long one
-            from .ops import wait_patiently
-            wait_patiently(group.comm.Ibarrier())
         if name == "mpi":
             from .ops import _mpi_buffer, _mpi_op, wait_patiently
             MPI = group.MPI

@@ -67,19 +67,24 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     ``comm.gather`` would pickle, and its ranks would spin until the root arrives: on a host
     with more processes than cores they take the CPU from the ranks still computing (the
     root waits for the slowest backward pass). Here the lengths travel in one ``Igather``
-    and the arrays in one ``Igatherv`` each, and every rank waits without spinning
-    (``wait_patiently``): the root too, which mostly waits for the slowest rank's backward
-    pass (the arrays, sent once the lengths arrived, follow at once)."""
+    and the arrays in one ``Igatherv`` each, and the ranks that only send wait without
+    spinning (``wait_patiently``); the root, the one rank that must go on at once, waits
+    on MPI."""
     comm, is_root = group.comm, group.rank == root
     counts = np.array([len(a) for a in arrays], dtype=np.int64)
     table = np.empty((group.size, len(arrays)), dtype=np.int64) if is_root else None
     widths = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays]
 
+    def wait(request) -> None:
+        if is_root:
+            request.Wait()
+        else:
+            wait_patiently(request)
+
     buffers = []
     with group.watchdog.waiting(lambda: f"the gather of {name} on group {group.name} of "
                                         f"{group.size} ranks"):
-        # the long wait, on every rank (the slowest rank's backward pass): without spinning
-        wait_patiently(comm.Igather(counts, table, root=root))
+        wait(comm.Igather(counts, table, root=root))
         requests = []
         for i, (a, width) in enumerate(zip(arrays, widths)):
             flat = _wire(np.ascontiguousarray(a).reshape(-1))
@@ -90,8 +95,8 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
                 buffers.append(buf)
             else:
                 requests.append(comm.Igatherv(flat, None, root=root))
-        for request in requests:   # the arrays follow the lengths at once
-            request.Wait() if is_root else wait_patiently(request)
+        for request in requests:
+            wait(request)
     group.bytes_sent["rows"] += sum(a.nbytes for a in arrays)
     if not is_root:
         return None
