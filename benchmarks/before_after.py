@@ -35,15 +35,32 @@ def _worktree(base: str, where: Path) -> Path:
     return tree
 
 
+def _env(tree: Path) -> Dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(tree))
+
+
+def check_imports(tree: Path) -> None:
+    """Refuse to measure unless a job started in ``tree`` runs the tree's kvhybrid and
+    benchmarks: a job that ran another tree's code would compare a commit with itself."""
+    code = "import benchmarks, kvhybrid; print(kvhybrid.__file__); print(benchmarks.__file__)"
+    found = subprocess.run([sys.executable, "-c", code], cwd=str(tree), env=_env(tree),
+                           capture_output=True, text=True, check=True).stdout.split()
+    wrong = [f for f in found if not Path(f).resolve().is_relative_to(tree.resolve())]
+    if wrong:
+        raise SystemExit(f"before_after: a job in {tree} imports {', '.join(wrong)}, not the "
+                         "tree's own code: check PYTHONPATH and how kvhybrid is installed")
+
+
 def _run(tree: Path, args, out: Path) -> Dict[str, dict]:
     """One ``benchmarks.models`` run in ``tree``: {model: {system: result}}."""
     cmd = [sys.executable, "-m", "benchmarks.models", "--models", *args.models,
            "--systems", *args.systems, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--workers", str(args.workers), "--out", str(out), "--name", "run"]
-    # the tree's kvhybrid and benchmarks first (its benchmarks/__init__ puts its root on
-    # every job's path); a timeout or Ctrl-C stops the job's launcher and processes
-    run_job(cmd, dict(os.environ, PYTHONPATH=str(tree)), args.timeout,
-            f"the models run in {tree}", "before_after")
+    # run in the tree: ``python -m`` puts the working directory first on the path, before
+    # PYTHONPATH, and the tree's benchmarks/__init__ puts the tree first on every job's
+    # path; a timeout or Ctrl-C stops the job's launcher and processes
+    run_job(cmd, _env(tree), args.timeout, f"the models run in {tree}", "before_after",
+            cwd=str(tree))
     return json.loads((out / "run_rounds.json").read_text())["rounds"][0]
 
 
@@ -108,6 +125,8 @@ def main(argv=None) -> None:
         where = Path(tmp)
         trees = {"before": _worktree(base, where), "after": Path(ROOT)}
         try:
+            for tree in trees.values():
+                check_imports(tree)
             for i in range(args.rounds):
                 order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
                 result = {}

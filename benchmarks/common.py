@@ -27,12 +27,12 @@ def timed(fn: Callable[[], None], repeats: int, warmup: int, barrier) -> List[fl
 
 
 def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, what: str,
-            bench: str) -> None:
-    """Run a benchmark job; exit with its output's tail (naming ``what``) if it fails. On a
-    timeout, or when the benchmark itself is stopped, the job (a ``kvhybrid-launch``) gets
-    SIGTERM first, so that it stops its scheduler, servers and mpiruns; SIGKILL only
-    after ``STOP_GRACE`` seconds."""
-    proc = subprocess.Popen(list(cmd), env=dict(env), stdout=subprocess.PIPE,
+            bench: str, cwd: Optional[str] = None) -> None:
+    """Run a benchmark job (in ``cwd``, else here); exit with its output's tail (naming
+    ``what``) if it fails. On a timeout, or when the benchmark itself is stopped, the job (a
+    ``kvhybrid-launch``) gets SIGTERM first, so that it stops its scheduler, servers and
+    mpiruns; SIGKILL only after ``STOP_GRACE`` seconds."""
+    proc = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
