@@ -1,10 +1,12 @@
 """kvhybrid before and after a change: the models benchmark on two commits, side by side.
 
-    python -m benchmarks.before_after --base 8f63e34 [--rounds 3] [--models lm nmt cnn]
+    python -m benchmarks.before_after --base 8f63e34 [--after REV] [--rounds 3] [--models ...]
 
-The base commit is checked out into a temporary git worktree; each round runs
-``benchmarks.models`` (loopback, kvhybrid only unless --systems says otherwise) in the base
-tree and in this working tree, one right after the other, the order alternated from round
+The base commit (and ``--after``'s, else this working tree is after) is checked out into a
+temporary git worktree; each round runs ``benchmarks.models`` (loopback, kvhybrid only
+unless --systems says otherwise) in the base tree and in the after tree, one right after
+the other, every job started in its tree (``check_imports`` makes sure it runs that tree's
+code), the order alternated from round
 to round so that neither always runs on a warmer or busier machine. The ratio of a round
 is after's throughput ÷ before's (the same words or images per step in both); the table
 gives the median over the rounds and the range. Writes NAME.md, NAME.json and NAME.png.
@@ -28,8 +30,8 @@ from .common import footer, ratio_cell, run_job, save_figure, write_outputs
 log = logging.getLogger("benchmarks")
 
 
-def _worktree(base: str, where: Path) -> Path:
-    tree = where / "base"
+def _worktree(base: str, where: Path, name: str = "base") -> Path:
+    tree = where / name
     subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", str(tree), base],
                    check=True, capture_output=True, text=True)
     return tree
@@ -101,6 +103,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.before_after",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="the commit to compare against (before)")
+    p.add_argument("--after", help="the commit after (default: this working tree)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--models", nargs="+", default=["lm", "nmt", "cnn"])
     p.add_argument("--systems", nargs="+", default=["kvhybrid"])
@@ -120,10 +123,14 @@ def main(argv=None) -> None:
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
     after = f"{head} with uncommitted changes" if dirty else head
+    if args.after:
+        after = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.after],
+                               check=True, capture_output=True, text=True).stdout.strip()
     rounds: List[dict] = []
     with tempfile.TemporaryDirectory(prefix="kvhybrid-before-after-") as tmp:
         where = Path(tmp)
-        trees = {"before": _worktree(base, where), "after": Path(ROOT)}
+        trees = {"before": _worktree(base, where),
+                 "after": _worktree(after, where, "after") if args.after else Path(ROOT)}
         try:
             for tree in trees.values():
                 check_imports(tree)
@@ -132,12 +139,14 @@ def main(argv=None) -> None:
                 result = {}
                 for name in order:
                     log.info("before_after: round %d of %d, %s (%s)", i + 1, args.rounds, name,
-                             base if name == "before" else "working tree")
+                             base if name == "before" else after)
                     result[name] = _run(trees[name], args, where / f"{name}{i}")
                 rounds.append(result)
         finally:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force",
-                            str(trees["before"])], capture_output=True)
+            for tree in trees.values():
+                if tree != Path(ROOT):
+                    subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force",
+                                    str(tree)], capture_output=True)
     ratios = {}
     for model in args.models:
         for system in args.systems:
