@@ -44,7 +44,10 @@ def _env(tree: Path) -> Dict[str, str]:
 def check_imports(tree: Path) -> None:
     """Refuse to measure unless a job started in ``tree`` runs the tree's kvhybrid and
     benchmarks: a job that ran another tree's code would compare a commit with itself."""
-    code = "import benchmarks, kvhybrid; print(kvhybrid.__file__); print(benchmarks.__file__)"
+    code = ("import importlib.util as u\n"
+            "for name in ('kvhybrid', 'benchmarks'):\n"
+            "    spec = u.find_spec(name)\n"
+            "    print(spec.origin if spec and spec.origin else f'no-{name}')")
     found = subprocess.run([sys.executable, "-c", code], cwd=str(tree), env=_env(tree),
                            capture_output=True, text=True, check=True).stdout.split()
     wrong = [f for f in found if not Path(f).resolve().is_relative_to(tree.resolve())]

@@ -129,3 +129,18 @@ def test_before_after_pairs_each_round_and_reads_faster_as_above_one():
                 "after": {"lm": {"kvhybrid": {"step_seconds": a}}}} for b, a in steps]
     table = _table(rounds_, Namespace(models=["lm"], systems=["kvhybrid"]))
     assert row(table, "lm") == "| lm | kvhybrid | 50.0 | 50.0 | 1.20× (1.00–1.25) |"
+
+
+def test_before_after_refuses_a_tree_whose_jobs_would_run_other_code(tmp_path):
+    # a tree without its own kvhybrid: a job started there imports the installed one, and
+    # would compare a commit with itself
+    from pathlib import Path
+
+    import pytest
+    from benchmarks import ROOT
+    from benchmarks.before_after import check_imports
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "__init__.py").write_text("")
+    with pytest.raises(SystemExit, match="not the tree's own code"):
+        check_imports(tmp_path)
+    check_imports(Path(ROOT))   # the repository's jobs run the repository's code
