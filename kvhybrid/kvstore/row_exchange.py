@@ -151,32 +151,35 @@ def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray
 
 
 class PullCheck:
-    """One pull of prefetched rows, checked on the communication thread: did every rank
-    find its rows among them, and did every rank pull the same key? Until ``done``, the
-    ranks that had their rows go on; one that did not waits in ``SparsePath.settle_pulls``
-    for the others to serve it a plain pull."""
+    """One pull of prefetched rows, checked in a small allreduce: did every rank find its
+    rows among them, and did every rank pull the same key? The communication thread starts
+    it in its turn (collectives start in one order on every rank) and goes on at once;
+    the ranks that had their rows go on too, and read the verdict at their next meeting
+    (``SparsePath.settle_pulls``), where one that did not gets a plain pull served."""
 
     def __init__(self, key: Key, build, work, signature: Optional[str], covered: bool):
         self.key, self.build, self.work, self.signature = key, build, work, signature
         self.covered = covered
-        self.needs_plain_pull = False   # set by the check, on every rank alike
-        self.done = threading.Event()
+        tag = digest(("row_sparse_pull", key))
+        self.flags = np.array([0 if covered else 1, tag, -tag], dtype=np.int64)
+        self.request = None
+        self.started = threading.Event()   # the allreduce was started (``request``)
 
+    def start(self, comm: EngineComm) -> None:
+        """Queue the start of the allreduce on the communication thread."""
+        group = comm.group
 
-def check_pull(check: PullCheck, comm: EngineComm) -> None:
-    """Queue ``check``'s small allreduce on the communication thread (off the caller's)."""
-    group, tag = comm.group, digest(("row_sparse_pull", check.key))
-    flags = np.array([0 if check.covered else 1, tag, -tag], dtype=np.int64)
+        def start() -> None:
+            self.request = group.comm.Iallreduce(group.MPI.IN_PLACE, self.flags,
+                                                 op=group.MPI.MAX)
+            self.started.set()
 
-    def run() -> None:
-        MPI = group.MPI
-        with group.watchdog.waiting(lambda: f"the ranks to check their prefetched rows of key "
-                                            f"{check.key!r}"):
-            wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
-        check.needs_plain_pull = bool(flags[0]) or flags[1] != -flags[2]
-        check.done.set()
+        comm.enqueue(f"the check of the prefetched rows of key {self.key!r}", start)
 
-    comm.enqueue(f"the check of the prefetched rows of key {check.key!r}", run)
+    def needs_plain_pull(self) -> bool:
+        """After the allreduce: whether some rank needs the plain pull (the same answer on
+        every rank)."""
+        return bool(self.flags[0]) or self.flags[1] != -self.flags[2]
 
 
 def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],

@@ -41,6 +41,7 @@ from ..config import StoreConfig
 from ..errors import KeyValueError
 from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
+from ..tensor_collectives.ops import wait_patiently
 from ..tensor_collectives.rows import local_ids
 from . import routing
 from . import row_exchange as rx
@@ -312,7 +313,8 @@ class SparsePath:
     def _pull_prefetched(self, key, build) -> None:
         """A pull of a key whose next rows were fetched ahead (``prefetch_rows``). If this
         rank's rows are among them it takes them and goes on, meeting no one: the ranks
-        check, on the communication thread, that every rank had its rows (``PullCheck``).
+        check in a small allreduce, started by the communication thread and read at the next
+        meeting, that every rank had its rows (``PullCheck``).
         A rank whose rows are not there (an evaluation batch) or whose arguments are bad
         meets the others for a plain pull; they take part at their next call that meets the
         group (``settle_pulls``), and a bad argument raises there, on every rank, before
@@ -327,7 +329,7 @@ class SparsePath:
         except KeyValueError:
             work, signature, covered = None, None, False
         check = rx.PullCheck(key, build, work, signature, covered)
-        rx.check_pull(check, self.engine)
+        check.start(self.engine)
         self._unsettled.append(check)
         if covered:
             for k, slot, outs, ids in work:
@@ -353,11 +355,11 @@ class SparsePath:
             with self.group.watchdog.waiting(
                     lambda: f"the ranks to check their prefetched rows of key {check.key!r}",
                     collective=False):
-                while not check.done.wait(0.05):
-                    self.engine.check()   # its thread failed: the check will not come
-            self.engine.check()
+                while not check.started.wait(0.05):
+                    self.engine.check()   # its thread failed: the check will not start
+                wait_patiently(check.request)
             self._unsettled.popleft()
-            if not check.needs_plain_pull:
+            if not check.needs_plain_pull():
                 continue
             if check.covered:   # take part, asking for no rows, under this rank's signature
                 self._plain_pull(check.key, lambda: (check.work, check.signature),
