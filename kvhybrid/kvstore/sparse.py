@@ -224,8 +224,12 @@ class SparsePath:
             route, text = default, (f"key {key!r}: {default} (α={slot.alpha:.3f} on this rank; "
                                     "several client groups: set KVHYBRID_ROUTES to change it)")
         else:
+            alphas = np.array([slot.alpha], dtype=np.float64)
+            MPI = self.group.MPI
             with self.group.watchdog.waiting(f"the ranks to measure α of key {key!r}"):
-                alpha = self.group.comm.allreduce(slot.alpha) / self.group.size
+                # a buffer allreduce: mpi4py's pickled one holds the GIL while it waits
+                wait_patiently(self.group.comm.Iallreduce(MPI.IN_PLACE, alphas, op=MPI.SUM))
+            alpha = float(alphas[0]) / self.group.size
             decision = routing.decide(alpha, slot.count * slot.dtype.itemsize, self.group.size,
                                       servers=default == "servers",
                                       ar_efficiency=self.config.ar_efficiency)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass
 class Topology:
@@ -30,8 +32,9 @@ class Topology:
             real = node
             node = real.Split(color=real.Get_rank() // emulate_node_size, key=real.Get_rank())
             real.Free()
-        leader = 1 if node.Get_rank() == 0 else 0
-        nodes = comm.allreduce(leader)
+        leaders = np.array([1 if node.Get_rank() == 0 else 0], dtype=np.int64)
+        comm.Allreduce(MPI.IN_PLACE, leaders, op=MPI.SUM)   # not the pickled one, which holds the GIL
+        nodes = int(leaders[0])
         sizes = set(comm.allgather(node.Get_size()))
         uniform = len(sizes) == 1
         cross = comm.Split(color=node.Get_rank(), key=comm.Get_rank()) if uniform else None

@@ -79,3 +79,20 @@ def test_the_store_is_a_thin_layer():
     # the MXNet API over its parts; the work lives in the parts (issue 20: a few hundred lines)
     lines = len((PACKAGE / "kvstore" / "store.py").read_text().splitlines())
     assert lines < 600, f"kvstore/store.py has {lines} lines: move the work into a part"
+
+
+def test_no_pickled_allreduce_anywhere_in_the_package():
+    # mpi4py's pickled comm.allreduce(obj) holds the GIL while it waits for the other ranks
+    # (checked: another thread of the process stops for the whole wait). With the store's
+    # communication thread, MXNet's engine callbacks and the watchdog in the same process,
+    # a rank waiting there stops all three: two ranks waiting in it on different threads
+    # deadlocked a benchmark's first step, and no watchdog could report it. Buffer
+    # allreduces (Allreduce, Iallreduce) release the GIL.
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "allreduce" \
+                    and ast.unparse(node.func.value).endswith(("comm", "COMM_WORLD")):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert found == []
