@@ -323,6 +323,7 @@ class SparsePath:
         meets the others for a plain pull; they take part at their next call that meets the
         group (``settle_pulls``), and a bad argument raises there, on every rank, before
         anything changed."""
+        self.settle_pulls(wait=False)   # a rank may be waiting for this one to serve it
         prefetch = self._prefetched[key]
         # the rows first: a push whose calls differed raises here, on every rank, before any
         # meeting (its verdict comes with them)
@@ -341,35 +342,42 @@ class SparsePath:
             return
         self.settle_pulls()   # (this pull's check among them: it says the pull is served)
 
-    def settle_pulls(self) -> None:
+    def settle_pulls(self, wait: bool = True) -> None:
         """Serve, in order, the pulls some rank could not take from prefetched rows
         (``_pull_prefetched``): every rank calls this before it meets the group on the
-        caller's thread, so every rank runs the same plain pulls at the same point."""
+        caller's thread, so every rank runs the same plain pulls in the same order, before
+        any later meeting. ``wait`` False: only the checks already decided; every prefetched
+        pull does this first, so that a rank waiting to be served is served at the others'
+        next pull (an evaluation loop that pulls but never pushes), not only at their next
+        meeting."""
         if self._settling:   # (a served pull's own agreement)
             return
         self._settling = True
         try:
-            self._settle()
+            while self._unsettled:
+                check = self._unsettled[0]
+                if wait:
+                    self._wait_for_check(check)
+                elif not (check.started.is_set() and check.request.Test()):
+                    return
+                self._unsettled.popleft()
+                if not check.needs_plain_pull():
+                    continue
+                if check.covered:   # take part, asking for no rows, under this rank's call
+                    self._plain_pull(check.key, lambda: (check.work, check.signature),
+                                     need_rows=False)
+                else:   # raises on every rank if some rank's arguments were bad
+                    self._plain_pull(check.key, check.build)
         finally:
             self._settling = False
 
-    def _settle(self) -> None:
-        while self._unsettled:
-            check = self._unsettled[0]
-            with self.group.watchdog.waiting(
-                    lambda: f"the ranks to check their prefetched rows of key {check.key!r}",
-                    collective=False):
-                while not check.started.wait(0.05):
-                    self.engine.check()   # its thread failed: the check will not start
-                wait_patiently(check.request)
-            self._unsettled.popleft()
-            if not check.needs_plain_pull():
-                continue
-            if check.covered:   # take part, asking for no rows, under this rank's signature
-                self._plain_pull(check.key, lambda: (check.work, check.signature),
-                                 need_rows=False)
-            else:   # raises on every rank if some rank's arguments were bad
-                self._plain_pull(check.key, check.build)
+    def _wait_for_check(self, check: rx.PullCheck) -> None:
+        with self.group.watchdog.waiting(
+                lambda: f"the ranks to check their prefetched rows of key {check.key!r}",
+                collective=False):
+            while not check.started.wait(0.05):
+                self.engine.check()   # its thread failed: the check will not start
+            wait_patiently(check.request)
 
     def prefetch_rows(self, key, row_ids) -> None:
         """Hand over the row ids the next forward pass will pull of ``key`` (see

@@ -364,10 +364,11 @@ class HybridMPIStore(mx.kv.KVStore):
         every rank had its rows is checked on the communication thread) and waits for no
         round trip. Values are those of the plain pull: the rows are asked for after that
         push. A pull of other rows (an evaluation batch) takes the plain path, served by the
-        other ranks at their next meeting (``settle_pulls``). Only sparse weights on the
-        servers take it (their pulls go through the master); for any other key (a table
-        held by every rank, a dense weight, a key not initialised yet, which
-        Gluon does at the first step) and a store without the engine path it does nothing."""
+        other ranks at their next meeting or prefetched pull (``SparsePath.settle_pulls``).
+        Only sparse weights on the servers take it (their pulls go through the master); for
+        any other key (a table held by every rank, a dense weight, a key not initialised yet,
+        which Gluon does at the first step) and a store without the engine path it does
+        nothing."""
         self._open()
         self.sparse.prefetch_rows(key, row_ids)
 
@@ -481,13 +482,6 @@ class HybridMPIStore(mx.kv.KVStore):
         the signatures differ; returns this rank's result."""
         return self.calls.check(what, build, about)
 
-    def settle_pulls(self) -> None:
-        """Take part in the pulls that some rank could not take from its prefetched rows
-        (``prefetch_rows``). The store does this before each of its own meetings; code that
-        meets the group's communicator itself, outside the store's calls, calls it first."""
-        self._open()
-        self.sparse.settle_pulls()
-
     def forget_prefetched(self) -> None:
         """Drop rows fetched ahead (their values are about to be replaced)."""
         self.sparse.forget_prefetched()
@@ -523,7 +517,7 @@ class HybridMPIStore(mx.kv.KVStore):
     def barrier(self) -> None:
         """Wait until every rank of every client group has reached this point (and, with
         servers, until this group's pushes have been answered by them)."""
-        self.settle_pulls()
+        self.sparse.settle_pulls()
         with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
             self.group.comm.Barrier()
         if self.placement.sum_across_groups or self.row_group is not self.group:

@@ -195,14 +195,17 @@ def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_noth
 
 def test_a_pull_the_prefetched_rows_miss_on_one_rank_is_served_by_the_others_next_call(tmp_path):
     """Rank 0's pull is among the prefetched rows, rank 1's is not: rank 0 goes on without
-    meeting anyone and serves rank 1's plain pull at its next call; values are the plain
-    pull's. A bad argument on rank 1 then raises on both ranks and pushes nothing."""
+    meeting anyone and serves rank 1's plain pull at its next call, or at its next pull in
+    a loop that never meets; values are the plain pull's. A bad argument on rank 1 then
+    raises on both ranks and pushes nothing."""
     r = run_launcher(["-n", 2, "--servers", 1], "prefetch_mixed.py", [tmp_path], timeout=120)
     assert r.returncode == 0, r.output[-3000:]
     got = [json.load(open(tmp_path / f"mixed-rank{rank}.json")) for rank in range(2)]
     assert got[0]["pulled"] == [-1, -1, 1] and got[1]["pulled"] == [-1, -1, 1], got
     assert got[0]["pull_meetings"] == 0, got   # covered: the check ran on the engine thread
     assert got[1]["pull_meetings"] == 3, got   # the plain pull: agreement, ids, rows
+    assert got[0]["served_by_a_pull"], got   # an evaluation loop serves it, no push needed
+    assert got[1]["eval_pulled"] == [-3, 1], got
     expected = [-2 if i in (0, 1, 10, 11) else 1 for i in range(20)]
     for rank in range(2):
         assert got[rank]["after"] == expected, got[rank]

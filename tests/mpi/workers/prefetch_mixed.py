@@ -1,14 +1,17 @@
 """Prefetched rows that cover one rank's pull and not the other's (an evaluation batch on
 rank 1): rank 0 takes its rows without meeting anyone, rank 1 waits in a plain pull that
 rank 0 serves at its next meeting (the push); both must see the values of the plain pull.
-Then rank 1's pull has a bad argument while rank 0's is covered: every rank must raise,
-rank 1 at its pull, rank 0 at its next call, and nothing may reach the servers.
+Then, in a loop of pulls that never meets the group, rank 0 serves rank 1's missing rows at
+one of its pulls. Then rank 1's pull has a bad argument while rank 0's is covered: every
+rank must raise, rank 1 at its pull, rank 0 at its next call, and nothing may reach the
+servers.
 
 argv: OUT_DIR. Every rank writes OUT_DIR/mixed-rank{r}.json.
 """
 import json
 import os
 import sys
+import time
 
 import mxnet as mx
 
@@ -40,6 +43,32 @@ result["pulled"] = pull(ids)
 result["pull_meetings"] = meetings() - before
 kv.push("w", grad())                       # rank 0 serves rank 1's pull first
 result["after"] = pull(list(range(20)))    # rows 0, 1, 10, 11 are -2 now
+
+# an evaluation loop that pulls and never meets the group: rank 1's first pull is not
+# among the prefetched rows, so rank 0 must serve it at one of its own (covered) pulls;
+# both ranks then make as many pulls (rank 0 says how many in a file)
+os.makedirs(out_dir, exist_ok=True)
+served, counted = (os.path.join(out_dir, name) for name in ("served", "pulls"))
+kv.prefetch_rows("w", mx.nd.array([0, 1, 2]))
+kv.push("w", grad())                       # rows 0, 1, 10, 11 are -3 now
+if rank == 1:
+    result["eval_pulled"] = pull([11, 5])
+    open(served, "w").close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(counted) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for _ in range(int(open(counted).read()) - 1):
+        pull([0, 1])
+else:
+    pulls, deadline = 0, time.monotonic() + 30
+    while not os.path.exists(served) and time.monotonic() < deadline:
+        pull([0, 1])
+        pulls += 1
+        time.sleep(0.05)
+    result["served_by_a_pull"] = os.path.exists(served)
+    with open(counted + ".part", "w") as f:
+        f.write(str(pulls))
+    os.replace(counted + ".part", counted)
 
 # rank 1's pull is wrong (a dense out); rank 0's is covered
 kv.prefetch_rows("w", mx.nd.array([3, 4]))
