@@ -37,6 +37,11 @@ def _worktree(base: str, where: Path, name: str = "base") -> Path:
     return tree
 
 
+def _short(rev: str) -> str:
+    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", rev], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def _env(tree: Path) -> Dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(tree))
 
@@ -119,16 +124,12 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
-    base = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.base], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    after = f"{head} with uncommitted changes" if dirty else head
-    if args.after:
-        after = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.after],
-                               check=True, capture_output=True, text=True).stdout.strip()
+    base = _short(args.base)
+    after = _short(args.after or "HEAD")
+    if not args.after and subprocess.run(
+            ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True).stdout.strip():
+        after += " with uncommitted changes"
     rounds: List[dict] = []
     with tempfile.TemporaryDirectory(prefix="kvhybrid-before-after-") as tmp:
         where = Path(tmp)
