@@ -24,6 +24,7 @@ from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.ops import wait_patiently
 from ..tensor_collectives.engine import EngineComm
+from ..tensor_collectives.ndarray_view import host_row_sparse
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_rows, sum_rows)
 from .agreement import digest, explain
@@ -40,8 +41,9 @@ def rows_live_on_servers(slot: KeySlot, num_servers: int, across_groups: bool) -
     return slot.sparse_weight or across_groups
 
 
-def row_sparse(rows, ids: np.ndarray, shape, ctx, dtype) -> NDArray:
-    return mx.nd.sparse.row_sparse_array((rows, ids), shape=shape, ctx=ctx, dtype=dtype)
+def row_sparse(rows: np.ndarray, ids: np.ndarray, shape, dtype) -> NDArray:
+    """A host row_sparse array to ``copyto`` an ``out`` (on any device)."""
+    return host_row_sparse(rows, ids, shape, dtype)
 
 
 def count_rows(slot: KeySlot, ids: np.ndarray) -> None:
@@ -188,7 +190,7 @@ def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.nda
     the prefetch must hold: ``check_prefetched``)."""
     for o, i in zip(outs, ids):
         part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
-        row_sparse(part, i, slot.shape, o.context, slot.dtype).copyto(o)
+        row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
 
 
 def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
@@ -239,7 +241,8 @@ def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -
             rows = mx.nd.take(slot.value, mx.nd.array(i, ctx=slot.value.context, dtype="int64"))
         else:  # MXNet's operators reject empty arrays
             rows = np.zeros((0,) + slot.shape[1:], slot.dtype)
-        row_sparse(rows, i, slot.shape, o.context, slot.dtype).copyto(o)
+        mx.nd.sparse.row_sparse_array((rows, i), shape=slot.shape, ctx=o.context,
+                                      dtype=slot.dtype).copyto(o)
 
 
 def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
@@ -259,4 +262,4 @@ def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: Li
                         name=f"key {key!r}")
     for o, i in zip(outs, ids):
         part = rows[np.searchsorted(mine, i)]
-        row_sparse(part, i, slot.shape, o.context, slot.dtype).copyto(o)
+        row_sparse(part, i, slot.shape, slot.dtype).copyto(o)

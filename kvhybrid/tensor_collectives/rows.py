@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from .group import Group
+from .ndarray_view import host_row_sparse, is_host
 from .ops import wait_patiently
 
 
@@ -142,5 +142,5 @@ def allreduce_rows(arrays: Sequence[NDArray], group: Group, name: str = "rows",
     ids the caller may have read already)."""
     first = arrays[0]
     ids, rows = sum_rows(*gather_rows(*local_rows(arrays, ids), group, name=name))
-    return mx.nd.sparse.row_sparse_array((rows, ids), shape=first.shape, ctx=first.context,
-                                         dtype=first.dtype)
+    total = host_row_sparse(rows, ids, first.shape, first.dtype)
+    return total if is_host(first) else total.as_in_context(first.context)

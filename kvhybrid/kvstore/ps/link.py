@@ -27,7 +27,8 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ...errors import KeyValueError
-from ...tensor_collectives.ndarray_view import host_view, wait_to_write
+from ...tensor_collectives.ndarray_view import (host_array, host_row_sparse, host_view,
+                                                wait_to_write)
 from ...tensor_collectives.watchdog import Watchdog
 from ..keys import Key
 from . import packs
@@ -226,9 +227,8 @@ class ServerLink:
                 if part.start == part.stop and self.mode == "dist_async":
                     continue
                 n = int(bounds[i + 1]) - first
-                array = mx.nd.sparse.row_sparse_array(
-                    (rows[part], ids[part] - first), shape=(n,) + tuple(shape[1:]),
-                    ctx=mx.cpu(), dtype=dtype)
+                array = host_row_sparse(rows[part], ids[part] - first, (n,) + tuple(shape[1:]),
+                                        dtype)
                 # a push waits for the key's previous round trip: inside the guard
                 self._kv.push(piece_key(index, i), array)  # ps-lite reuses it: a new one each time
                 self.requests += 1
@@ -255,7 +255,7 @@ class ServerLink:
                 n = int(bounds[i + 1]) - first
                 out = mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
                 self._kv.row_sparse_pull(piece_key(index, i), out=out,
-                                         row_ids=mx.nd.array(ids[part] - first, dtype="int64"))
+                                         row_ids=host_array(ids[part] - first, np.int64))
                 self.requests += 1
                 outs.append(out)
 
