@@ -16,7 +16,7 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from .group import Group
-from .ndarray_view import host_row_sparse, is_host
+from .ndarray_view import host_row_sparse, host_view, is_host
 from .ops import wait_patiently
 
 
@@ -37,6 +37,11 @@ def local_rows(arrays: Sequence[NDArray],
     ``ids`` may be passed when the caller has read them already (``local_ids``)."""
     if ids is None:
         ids = local_ids(arrays)
+    if len(arrays) == 1 and is_host(arrays[0]):   # read in place, skipping data's copy
+        grad = arrays[0]                           # (its indices were read: it is ready)
+        row_shape = (len(ids),) + tuple(grad.shape[1:])
+        view = host_view(grad, grad.dtype, int(np.prod(row_shape, dtype=np.int64)))
+        return ids, view.reshape(row_shape).copy()
     return ids, np.concatenate([a.data.asnumpy() for a in arrays])
 
 
