@@ -257,10 +257,17 @@ class ServerLink:
                 self._kv.row_sparse_pull(piece_key(index, i), out=out,
                                          row_ids=host_array(ids[part] - first, np.int64))
                 self.requests += 1
-                outs.append(out)
+                outs.append((out, part.stop - part.start))
+        row_shape = tuple(shape[1:])
+        width = int(np.prod(row_shape, dtype=np.int64))
 
         def rows() -> np.ndarray:
-            parts = [o.data.asnumpy() for o in outs]
+            # read in place (``data`` would copy through the engine once more): MXNet sizes
+            # a row_sparse pull's out to one row per id asked for, ids sorted and unique
+            parts = []
+            for out, count in outs:
+                out.wait_to_read()
+                parts.append(host_view(out, dtype, count * width).reshape((count,) + row_shape))
             return np.concatenate(parts) if len(parts) > 1 else parts[0]
         return rows
 
