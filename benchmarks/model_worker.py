@@ -27,6 +27,7 @@ from kvhybrid.tensor_collectives.mpi_env import load_mpi
 
 from . import model_zoo
 from .model_zoo import MODELS
+from . import cpu
 from .wire import interface_bytes
 
 SYSTEMS = ("hybrid", "dist_sync", "horovod", "local")
@@ -113,6 +114,7 @@ def main(argv=None) -> None:
         inputs, label = batches[step % len(batches)]
         if step == args.warmup:   # the timed steps' traffic, counted by the kernel
             wire_start = interface_bytes()
+            cpu_start, machine_start = cpu.thread_seconds(), cpu.machine_seconds()
             meetings_start = kv.collectives() if hasattr(kv, "collectives") else {}
             if getattr(kv, "engine", None) is not None:
                 kv.engine.record = True
@@ -137,12 +139,14 @@ def main(argv=None) -> None:
                            end - waiting))
     wire_end = interface_bytes()
     timed = args.steps - args.warmup
+    cpu_ms = cpu.per_step_ms(cpu_start, cpu.thread_seconds(), timed)
+    machine_ms = (cpu.machine_seconds() - machine_start) * 1e3 / timed
     meetings = ({k: (v - meetings_start[k]) / timed for k, v in kv.collectives().items()}
                 if hasattr(kv, "collectives") else {})
     hidden = hidden_fractions(kv.engine.timeline, timed) \
         if getattr(kv, "engine", None) is not None else []
     with open(os.path.join(args.out, f"wire-rank{rank}.json"), "w") as f:
-        json.dump({"steps": args.steps - args.warmup,
+        json.dump({"steps": args.steps - args.warmup, "cpu_ms_per_step": cpu_ms,
                    "interfaces": {k: v - wire_start.get(k, 0) for k, v in wire_end.items()}}, f)
     # the loss after the fixed number of steps, on one batch every system and rank shares
     inputs, label = model.batch(np.random.RandomState(7), 256, args.tokens)
@@ -163,6 +167,8 @@ def main(argv=None) -> None:
                        "collectives_per_step": meetings, "hidden": hidden,
                        # medians of the caller's thread's time per step, in seconds
                        "phases": dict(zip(PHASES, np.median(phases, axis=0).tolist())),
+                       # every process of the machine, during the timed steps
+                       "machine_cpu_ms_per_step": machine_ms,
                        "key_stats": {str(k): v for k, v in kv.key_stats().items()}
                        if hasattr(kv, "key_stats") else {}}, f)
         print(f"{args.model} on {args.system}: {step * 1e3:.1f} ms per step, "

@@ -100,6 +100,9 @@ def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
     readings = [json.loads(p.read_text()) for p in Path(out).glob("wire-rank*.json")]
     # on loopback the interfaces this process sees are the machine's, shared with everything
     result["wire_per_host"] = per_host(readings) if args.hosts else None
+    # CPU ms per step of each worker's threads, by role: the mean over the workers
+    result["cpu_ms_per_step"] = {k: statistics.mean(r["cpu_ms_per_step"][k] for r in readings)
+                                 for k in readings[0]["cpu_ms_per_step"]} if readings else {}
     machines = args.hosts or args.workers
     result["table3_per_host"] = table3("dense" if all_ar or system == "horovod" else "rows",
                                        result["dense_bytes"], result["table_bytes"],
@@ -112,8 +115,9 @@ def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
 def ratio_table(results: Dict[str, Dict[str, dict]], steps: int,
                 setting: Optional[Setting] = None) -> str:
     lines = ["| model | system | ms / step | words / s | kvhybrid ÷ this | loss after "
-             f"{steps} steps | MB / worker / step (MPI, servers) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             f"{steps} steps | MB / worker / step (MPI, servers) | CPU ms / step (a worker's "
+             "caller's thread, the machine) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for model, systems in results.items():
         ours = systems.get("kvhybrid")
         for name, r in systems.items():
@@ -124,8 +128,13 @@ def ratio_table(results: Dict[str, Dict[str, dict]], steps: int,
             sent = r.get("bytes_sent") or {}
             mb = (f"{(sent.get('dense', 0) + sent.get('rows', 0)) / r['steps'] / 2**20:.3f}, "
                   f"{sent.get('servers', 0) / r['steps'] / 2**20:.3f}" if sent else "")
+            caller = (r.get("cpu_ms_per_step") or {}).get("caller")
+            machine = r.get("machine_cpu_ms_per_step")
+            cpu_ = (f"{caller:.1f}, {machine:.0f}" if caller is not None and machine is not None
+                    else "")
             lines.append(f"| {model} | {name} | {r['step_seconds'] * 1e3:.1f} | "
-                         f"{r['words_per_second']:,.0f} | {vs} | {r['loss']:.5f} | {mb} |")
+                         f"{r['words_per_second']:,.0f} | {vs} | {r['loss']:.5f} | {mb} | "
+                         f"{cpu_} |")
     return "\n".join(lines)
 
 
@@ -283,7 +292,10 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "throughput ratio of the same round's runs, median over the rounds (range). Loss: on "
         "one fixed batch after the run (synchronous systems take the same steps). MB: what "
         "kvhybrid handed to MPI collectives and pushed to the servers, per worker and step "
-        "(pulls not counted).", "",
+        "(pulls not counted). CPU: what a worker's caller's thread used per step (mean over "
+        "the workers) and what every process of the machine used (servers and MXNet's own "
+        "threads included): where there are more busy threads than cores, the step is bound "
+        "by the machine's CPU ms ÷ its cores.", "",
         bytes_table(results, setting.where), "",
         *footer("models", setting.command or None)]) + "\n"
     write_outputs(args.out, name, table, results, plot)
@@ -429,8 +441,9 @@ def miss_profiles(misses: list, loop: Optional[Setting]) -> str:
                    f"{bound['step_seconds'] * 1e3:.1f} ms a step (the compute bound on these "
                    f"cores)." if bound and not sweep else ""), "",
                 "| system | ms / step | forward | backward | trainer.step | waitall | "
-                "caller's-thread collectives / step | engine ops / step | link MB / host / "
-                "step | link busy, ms (half each way) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                "caller's-thread collectives / step | engine ops / step | caller's thread CPU ms "
+                "/ step | machine CPU ms / step | link MB / host / step | link busy, ms (half "
+                "each way) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         rows = [("kvhybrid", ours), (peer, theirs)]
         if bound and not sweep:
             rows.append(("compute only (loopback)", bound))
@@ -442,6 +455,10 @@ def miss_profiles(misses: list, loop: Optional[Setting]) -> str:
             cells += [f"{phases[k] * 1e3:.1f}" if k in phases else "" for k in
                       ("forward", "backward", "trainer.step", "waitall")]
             cells += [f"{meetings[k]:.1f}" if k in meetings else "" for k in ("group", "engine")]
+            caller = (r.get("cpu_ms_per_step") or {}).get("caller")
+            machine = r.get("machine_cpu_ms_per_step")
+            cells += [f"{caller:.1f}" if caller is not None else "",
+                      f"{machine:.0f}" if machine is not None else ""]
             cells += [f"{wire / 2**20:.2f}" if wire else "",
                       f"{wire / 2 * 8 / bits_per_second(setting.rate) * 1e3:.1f}"
                       if wire and setting.rate else ""]
