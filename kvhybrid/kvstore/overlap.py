@@ -173,14 +173,17 @@ def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> N
         group.fused_in_place += bucket.in_place
 
     comm.submit(bucket.name, [bucket.buffer], allreduce, priority)
+    if updater is not None:
+        weights = [it.slot.value for it in bucket.items]
+        grads = [it.total if it.total.context == w.context else it.total.as_in_context(w.context)
+                 for it, w in zip(bucket.items, weights)]
+        # the bucket's keys in one call: MXNet's Updater then updates up to its optimizer's
+        # aggregate_num keys per operator (multi_sgd_update), as gluon.Trainer does
+        updater([it.key for it in bucket.items], grads, weights)
     for it in bucket.items:
         dst = it.out if it.out is not None else it.value
         if updater is not None:
-            weight = it.slot.value
-            grad = it.total if it.total.context == weight.context \
-                else it.total.as_in_context(weight.context)
-            updater(it.key, grad, weight)
-            copy_to_all(weight, dst)
+            copy_to_all(it.slot.value, dst)
         else:
             for d, arr in enumerate(dst):
                 if not (bucket.in_place and d == 0):
