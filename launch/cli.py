@@ -214,12 +214,6 @@ class Job:
 
     def _ps_node(self, role: str, host: str):
         env = self.dmlc_env(role, host)
-        if role == "server" and self._crowded(host) \
-                and not any(k.startswith("OMP_") for k in self.base_env):
-            # a server's OpenMP threads spin after each update, taking cores the workers
-            # need: 13 % of a 2-core machine's CPU with kvhybrid's NMT-like model, 28 % with
-            # dist_sync's (perf; docs/performance.md)
-            env["OMP_NUM_THREADS"] = "1"
         if host in self.secret_files:
             env[SECRET_FILE_VAR] = self.secret_files[host]
         # MXNet's loop, but commands are unpickled only when signed with the job's secret
@@ -274,8 +268,7 @@ class Job:
     def _show(self, name: str, cmd: List[str], env: Dict[str, str]) -> str:
         settings = " ".join(f"{k}={shlex.quote(v) if k != SECRET_VAR else '<secret>'}"
                             for k, v in sorted(env.items())
-                            if k.startswith(("DMLC_", "KVHYBRID_", "PS_", "OMP_"))
-                            or k in DEFAULT_ENV)
+                            if k.startswith(("DMLC_", "KVHYBRID_", "PS_")) or k in DEFAULT_ENV)
         return f"  {name}: {settings} {shlex.join(cmd)}".rstrip()
 
     def run(self, sup: Supervisor) -> int:
