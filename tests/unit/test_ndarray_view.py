@@ -6,7 +6,8 @@ import numpy as np
 import mxnet as mx
 import pytest
 
-from kvhybrid.tensor_collectives.ndarray_view import host_view, is_host, wait_to_write
+from kvhybrid.tensor_collectives.ndarray_view import (host_array, host_row_sparse, host_view,
+                                                    is_host, wait_to_write)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64", "uint8"])
@@ -40,3 +41,27 @@ def test_empty_and_non_host_arrays():
     assert is_host(mx.nd.zeros((1,), ctx=mx.cpu_pinned(0)))
     with pytest.raises(ValueError, match="dense"):
         host_view(mx.nd.zeros((4, 2)).tostype("row_sparse"))
+
+
+@pytest.mark.parametrize("count", [0, 1, 37])
+def test_host_row_sparse_equals_mxnets_row_sparse_array(count):
+    rng = np.random.RandomState(count)
+    ids = np.sort(rng.choice(100, count, replace=False)).astype(np.int64)
+    rows = rng.rand(count, 3, 2).astype(np.float64)   # cast to the array's dtype
+    ours = host_row_sparse(rows, ids, (100, 3, 2), np.float32)
+    theirs = mx.nd.sparse.row_sparse_array((rows, ids), shape=(100, 3, 2), dtype=np.float32)
+    assert ours.stype == "row_sparse" and ours.shape == (100, 3, 2) and ours.dtype == np.float32
+    assert ours.indices.asnumpy().tolist() == ids.tolist()
+    assert np.array_equal(ours.asnumpy(), theirs.asnumpy())
+    out = mx.nd.sparse.zeros("row_sparse", (100, 3, 2))
+    for _ in range(3):   # a temporary's handle freed too early crashed here (segfault)
+        host_row_sparse(rows, ids, (100, 3, 2), np.float32).copyto(out)
+    assert np.array_equal(out.asnumpy(), theirs.asnumpy())
+
+
+def test_host_array_copies_and_casts():
+    values = np.arange(6, dtype=np.int32).reshape(2, 3)
+    arr = host_array(values, np.int64)
+    values[0, 0] = 99                 # a copy: the NDArray keeps what it was given
+    assert arr.dtype == np.int64 and arr.asnumpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert host_array(np.zeros((0, 4), np.float32)).shape == (0, 4)
