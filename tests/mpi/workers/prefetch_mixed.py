@@ -54,8 +54,11 @@ kv.push("w", grad())                       # rows 0, 1, 10, 11 are -3 now
 if rank == 1:
     result["eval_pulled"] = pull([11, 5])
     open(served, "w").close()
-    deadline = time.monotonic() + 120
-    while not os.path.exists(counted) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(counted):
+        if time.monotonic() > deadline:
+            sys.exit(f"rank 1: rank 0 did not write {counted} within 60 s (how many pulls it "
+                     "made in the evaluation loop)")
         time.sleep(0.05)
     for _ in range(int(open(counted).read()) - 1):
         pull([0, 1])
