@@ -24,7 +24,7 @@ from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.ops import wait_patiently
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.ndarray_view import host_row_sparse
+from ..tensor_collectives.ndarray_view import host_row_sparse, new_host_row_sparse
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_rows, sum_rows)
 from .agreement import digest, explain
@@ -39,11 +39,6 @@ def rows_live_on_servers(slot: KeySlot, num_servers: int, across_groups: bool) -
     if num_servers == 0:
         return False
     return slot.sparse_weight or across_groups
-
-
-def row_sparse(rows: np.ndarray, ids: np.ndarray, shape, dtype) -> NDArray:
-    """A host row_sparse array to ``copyto`` an ``out`` (on any device)."""
-    return host_row_sparse(rows, ids, shape, dtype)
 
 
 def count_rows(slot: KeySlot, ids: np.ndarray) -> None:
@@ -132,6 +127,9 @@ def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray
     engine_group = comm.group
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
+        # the rows' array first: its indices' engine round trip is made while the master
+        # still waits for the servers, not after, and the rows arrive in its memory
+        array, values = new_host_row_sparse(next_ids, slot.shape, dtype)
         verdict = np.array([failed], np.int64)
         with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key "
                                                    f"{key!r}"):
@@ -148,8 +146,8 @@ def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray
                 table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
             parts = [table[np.searchsorted(union, w)] for w in wanted]
         prefetch.rows = scatter_rows(parts, row_shape, dtype, len(next_ids), engine_group,
-                                     name=f"key {key!r} (prefetched)")
-        prefetch.array = row_sparse(prefetch.rows, next_ids, slot.shape, dtype)
+                                     name=f"key {key!r} (prefetched)", out=values)
+        prefetch.array = array
         prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
 
     comm.enqueue(f"the prefetched rows of key {key!r}", hand_out)
@@ -197,7 +195,7 @@ def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.nda
             prefetch.array.copyto(o)   # (the engine copies it; nothing writes it again)
             continue
         part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
-        row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
+        host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
 
 
 def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
@@ -269,4 +267,4 @@ def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: Li
                         name=f"key {key!r}")
     for o, i in zip(outs, ids):
         part = rows[np.searchsorted(mine, i)]
-        row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
+        host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)

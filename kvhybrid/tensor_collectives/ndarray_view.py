@@ -15,7 +15,7 @@ threads than cores).
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -63,25 +63,34 @@ def host_array(values: np.ndarray, dtype=None) -> NDArray:
     """A new host NDArray holding a copy of ``values`` (``mx.nd.array`` without its wait
     for the engine)."""
     values = np.asarray(values)
-    dtype = np.dtype(dtype or values.dtype)
+    dtype = values.dtype if dtype is None else np.dtype(dtype)
     arr = mx.nd.empty(values.shape, ctx=mx.cpu(), dtype=dtype)
     np.copyto(host_view(arr, dtype, values.size).reshape(values.shape), values, casting="unsafe")
     return arr
 
 
-def host_row_sparse(rows: np.ndarray, ids: np.ndarray, shape, dtype) -> RowSparseNDArray:
-    """A new host row_sparse array of ``shape`` holding ``rows`` at the sorted unique
-    ``ids``: its values are written through a view; its indices cost one engine round trip
-    (MXNet has no call that exposes them in place), where ``row_sparse_array`` makes four."""
+def new_host_row_sparse(ids: np.ndarray, shape,
+                        dtype) -> Tuple[RowSparseNDArray, np.ndarray]:
+    """A new host row_sparse array of ``shape`` with the sorted unique ``ids`` and room for
+    their rows, and a view of those rows for the caller to fill before it hands the array
+    on. The indices cost one engine round trip (MXNet has no call that exposes them in
+    place), where ``row_sparse_array`` makes four."""
     dtype, count = np.dtype(dtype), len(ids)
+    row_shape = (count,) + tuple(shape[1:])
     arr = RowSparseNDArray(_new_alloc_handle("row_sparse", tuple(shape), mx.cpu(), False, dtype,
                                              [np.int64], [(count,)]))
-    if count:
-        row_shape = (count,) + tuple(shape[1:])
-        view = host_view(arr, dtype, int(np.prod(row_shape, dtype=np.int64)))
-        np.copyto(view.reshape(row_shape), np.reshape(rows, row_shape), casting="unsafe")
-        indices = host_array(ids, np.int64)   # (held: its handle must outlive the call)
-        check_call(_LIB.MXNDArraySyncCopyFromNDArray(arr.handle, indices.handle, ctypes.c_int(0)))
+    if not count:
+        return arr, np.empty(row_shape, dtype)
+    indices = host_array(ids, np.int64)   # (held: its handle must outlive the call)
+    check_call(_LIB.MXNDArraySyncCopyFromNDArray(arr.handle, indices.handle, ctypes.c_int(0)))
+    return arr, host_view(arr, dtype, int(np.prod(row_shape, dtype=np.int64))).reshape(row_shape)
+
+
+def host_row_sparse(rows: np.ndarray, ids: np.ndarray, shape, dtype) -> RowSparseNDArray:
+    """A new host row_sparse array of ``shape`` holding ``rows`` at the sorted unique
+    ``ids`` (``new_host_row_sparse``, filled)."""
+    arr, values = new_host_row_sparse(ids, shape, dtype)
+    np.copyto(values, np.reshape(rows, values.shape), casting="unsafe")
     return arr
 
 

@@ -34,14 +34,16 @@ def local_ids(arrays: Sequence[NDArray]) -> np.ndarray:
 def local_rows(arrays: Sequence[NDArray],
                ids: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """(ids, rows) of a worker's per-device row_sparse arrays, concatenated (not yet summed);
-    ``ids`` may be passed when the caller has read them already (``local_ids``)."""
+    ``ids`` may be passed when the caller has read them already (``local_ids``). The rows
+    of one host array are a view of its memory, not a copy: use them before anything else
+    is handed to the engine (the next backward pass rewrites them)."""
     if ids is None:
         ids = local_ids(arrays)
     if len(arrays) == 1 and is_host(arrays[0]):   # read in place, skipping data's copy
         grad = arrays[0]                           # (its indices were read: it is ready)
         row_shape = (len(ids),) + tuple(grad.shape[1:])
         view = host_view(grad, grad.dtype, int(np.prod(row_shape, dtype=np.int64)))
-        return ids, view.reshape(row_shape).copy()
+        return ids, view.reshape(row_shape)
     return ids, np.concatenate([a.data.asnumpy() for a in arrays])
 
 
@@ -115,11 +117,13 @@ def by_rank(whole: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:
 
 
 def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 0,
-                 name: str = "rows") -> np.ndarray:
+                 name: str = "rows", out: Optional[np.ndarray] = None) -> np.ndarray:
     """Rank r gets ``parts[r]`` (an array of ``count`` rows on rank r) from ``root``,
-    which fetched them from the servers: the others wait without spinning."""
+    which fetched them from the servers: the others wait without spinning. ``out``: where
+    they go (C-contiguous, ``count`` rows of ``dtype``), else a new array."""
     width = int(np.prod(row_shape, dtype=np.int64))
-    out = np.empty((count,) + tuple(row_shape), dtype=dtype)
+    if out is None:
+        out = np.empty((count,) + tuple(row_shape), dtype=dtype)
     with group.watchdog.waiting(lambda: f"rank {root} to hand out the rows of {name} on group "
                                         f"{group.name}"):
         if group.rank == root:
