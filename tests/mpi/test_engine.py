@@ -40,3 +40,10 @@ def test_a_failing_collective_completes_and_raises_on_the_callers_thread(seen):
 def test_pushpull_returns_while_backward_runs_and_updates_right(seen):
     assert all(s["pushpull_early"] for s in seen), seen
     assert all(s["bias_right"] for s in seen), seen
+
+
+def test_calls_sharing_a_key_update_its_current_weight(seen):
+    # each call's bucket moves its keys' weights into one buffer; the call that comes
+    # next must update the weight the other moved, not a stale copy
+    assert all(s["shared_key_right"] for s in seen), seen
+    assert seen[0]["shared_key_steps"] == {"100": 2, "101": 4, "102": 2}, seen

@@ -8,7 +8,10 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
 - failure: a collective that raises still completes its engine operation (waitall
   returns) and the error reaches the caller's thread, naming the operation;
 - pushpull_early: a store pushpull after backward returns before the engine has run its
-  buckets, and the weights it updates are right once the engine is done.
+  buckets, and the weights it updates are right once the engine is done;
+- shared_key_right: two pushpull calls that share a key, alternating, with the store's
+  optimizer (each call's bucket moves its keys' weights into one buffer of its own): every
+  step updates the key's current weight, in the outs and in the store.
 
 "Still being computed" is made certain, not hoped for: the inputs wait behind a gate (an
 engine operation on a second communication thread that holds them until released), so
@@ -144,6 +147,28 @@ gate.close()
 # over ranks, two steps
 bias = net.bias.data().asnumpy()
 seen["bias_right"] = bool(np.allclose(bias, -2 * 0.1 * size * 8 * 1.0001 ** 40, rtol=1e-4))
+
+# two calls sharing key 101: each call's bucket takes its keys' weights into its own buffer
+kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, rescale_grad=1.0))
+shapes = {100: (3, 4), 101: (5,), 102: (2, 2)}
+for k, shape in shapes.items():
+    kv.init(k, mx.nd.ones(shape))
+grads = {k: mx.nd.ones(shape) * (rank + 1) for k, shape in shapes.items()}
+outs = {k: mx.nd.zeros(shape) for k, shape in shapes.items()}
+steps = {k: 0 for k in shapes}
+for step in range(4):
+    keys = [100, 101] if step % 2 == 0 else [101, 102]
+    kv.pushpull(keys, [grads[k] for k in keys], out=[outs[k] for k in keys])
+    for k in keys:
+        steps[k] += 1
+total = size * (size + 1) / 2   # the gradients' sum over ranks
+pulled = {k: mx.nd.zeros(shape) for k, shape in shapes.items()}
+for k in shapes:
+    kv.pull(k, out=pulled[k])
+seen["shared_key_right"] = all(
+    np.allclose(arr.asnumpy(), 1 - 0.5 * total * steps[k])
+    for k in shapes for arr in (outs[k], pulled[k]))
+seen["shared_key_steps"] = {str(k): v for k, v in steps.items()}
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(seen, f)
 kv.close()
