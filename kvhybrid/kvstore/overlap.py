@@ -32,7 +32,7 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.fusion import buckets
+from ..tensor_collectives.fusion import buckets, split_into
 from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..errors import KeyValueError
 from ..tensor_collectives.ops import copy_to_all, wait_patiently
@@ -69,7 +69,7 @@ class EngineBucket:
                                      for it in items], buffer.context) \
             if not in_place else None   # (in place, one device: nothing to copy back)
         self.starts = tuple(np.cumsum([0] + [it.slot.count for it in items[:-1]]).tolist())
-        self._weights: Optional[_Weights] = None
+        self.weights: Optional[_Weights] = None   # with an optimizer: see _update
         # the memory MPI reduces. Wait first: MXNet allocates an op's output when the engine
         # runs the op, and a pointer taken before that may point to memory it then replaces
         buffer.wait_to_read()
@@ -202,14 +202,6 @@ class _Weights:
         return all(it.slot.value is v for it, v in zip(bucket.items, self.values))
 
 
-def _split(source: NDArray, starts: Tuple[int, ...], outs: List[NDArray]) -> None:
-    if len(outs) == 1:
-        source.copyto(outs[0])
-    else:
-        mx.nd._internal._split_v2(source, indices=starts, axis=0, squeeze_axis=False,
-                                  sections=0, out=outs)
-
-
 def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> None:
     """Push one step of ``bucket``: gather, allreduce, update or copy back (see module)."""
     if bucket.gather_from is not None:
@@ -237,7 +229,7 @@ def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> N
         _update(bucket, updater)
         return
     if bucket.scatter_to is not None:
-        _split(bucket.buffer, bucket.starts, bucket.scatter_to)
+        split_into(bucket.buffer, bucket.starts, bucket.scatter_to)
         return
     for it in bucket.items:
         dst = it.out if it.out is not None else it.value
@@ -250,14 +242,14 @@ def _update(bucket: EngineBucket, updater) -> None:
     """The bucket's keys in one call: MXNet's Updater then updates up to its optimizer's
     aggregate_num keys per operator (multi_sgd_update), as gluon.Trainer does; then the
     weights go to the outputs."""
-    weights = bucket._weights
+    weights = bucket.weights
     if weights is None or not weights.current(bucket):
-        weights = bucket._weights = _Weights(bucket)
+        weights = bucket.weights = _Weights(bucket)
     grads = weights.grads or [it.total.as_in_context(v.context)
                               for it, v in zip(bucket.items, weights.values)]
     updater([it.key for it in bucket.items], grads, weights.values)
     if weights.outs is not None:
-        _split(weights.buffer, bucket.starts, weights.outs)
+        split_into(weights.buffer, bucket.starts, weights.outs)
         return
     for it in bucket.items:
         copy_to_all(it.slot.value, it.out if it.out is not None else it.value)
