@@ -140,6 +140,14 @@ def wait_patiently(request) -> None:
         delay = min(delay * 1.5, 1e-3)
 
 
+def wait_all_patiently(requests, MPI) -> None:
+    """``wait_patiently`` for several requests at once."""
+    delay = 50e-6
+    while not MPI.Request.Testall(requests):
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1e-3)
+
+
 def _bcast(group: Group, view: np.ndarray, src: int, patient: bool) -> None:
     buf = _mpi_buffer(group.MPI, view)
     if not patient:

@@ -17,7 +17,7 @@ from mxnet.ndarray import NDArray
 
 from .group import Group
 from .ndarray_view import host_row_sparse, host_view, is_host
-from .ops import wait_patiently
+from .ops import wait_all_patiently, wait_patiently
 
 
 def _wire(flat: np.ndarray) -> np.ndarray:
@@ -74,25 +74,21 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     ``comm.gather`` would pickle, and its ranks would spin until the root arrives: on a host
     with more processes than cores they take the CPU from the ranks still computing (the
     root waits for the slowest backward pass). Here the lengths travel in one ``Igather``
-    and the arrays in one ``Igatherv`` each, and the ranks that only send wait without
-    spinning (``wait_patiently``); the root, the one rank that must go on at once, waits
-    on MPI."""
+    and the arrays in one ``Igatherv`` each, and the ranks that only send post them all at
+    once and wait for them together without spinning (``wait_all_patiently``); the root,
+    the one rank that must go on at once, waits on MPI."""
     comm, is_root = group.comm, group.rank == root
     counts = np.array([len(a) for a in arrays], dtype=np.int64)
     table = np.empty((group.size, len(arrays)), dtype=np.int64) if is_root else None
     widths = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays]
 
-    def wait(request) -> None:
-        if is_root:
-            request.Wait()
-        else:
-            wait_patiently(request)
-
     buffers = []
     with group.watchdog.waiting(lambda: f"the gather of {name} on group {group.name} of "
                                         f"{group.size} ranks"):
-        wait(comm.Igather(counts, table, root=root))
-        requests = []
+        first = comm.Igather(counts, table, root=root)
+        if is_root:   # the lengths first: they size the receive buffers
+            first.Wait()
+        requests = [] if is_root else [first]
         for i, (a, width) in enumerate(zip(arrays, widths)):
             flat = _wire(np.ascontiguousarray(a).reshape(-1))
             if is_root:
@@ -102,8 +98,10 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
                 buffers.append(buf)
             else:
                 requests.append(comm.Igatherv(flat, None, root=root))
-        for request in requests:
-            wait(request)
+        if is_root:
+            group.MPI.Request.Waitall(requests)
+        else:   # all posted at once: one patient wait, not one per request
+            wait_all_patiently(requests, group.MPI)
     group.bytes_sent["rows"] += sum(a.nbytes for a in arrays)
     if not is_root:
         return None
