@@ -100,6 +100,7 @@ class Calls:
     def __init__(self, group: Group, patient: Callable[[], bool]):
         self.group, self._patient = group, patient
         self._memo: Dict[tuple, CheckedCall] = {}
+        self._checked: Dict[tuple, tuple] = {}   # see checked()
         #: runs before every meeting of the group here (``SparsePath.settle_pulls``)
         self.before_meeting: Callable[[], None] = lambda: None
 
@@ -144,9 +145,23 @@ class Calls:
         self._memo[ident] = call
         return call
 
+    def checked(self, op: str, key, arrays, depends, build: Callable[[], tuple]) -> tuple:
+        """``build()``'s local checks of a call (a push's ``signed_work``, a pull's checks
+        of its outs), run once per repeated call on the same arrays, as ``pushpull``'s; the
+        agreement is the caller's. ``depends``: what else the result depends on."""
+        ident = (op, call_key(key), _handles(arrays), depends)
+        result = self._checked.get(ident)
+        if result is None:
+            result = build()
+            if len(self._checked) >= MEMO_LIMIT:
+                self._checked.clear()
+            self._checked[ident] = result
+        return result
+
     def forget(self) -> None:
         """Drop the remembered calls (a key's route or the store's paths changed)."""
         self._memo.clear()
+        self._checked.clear()
 
     def __len__(self) -> int:
         return len(self._memo)

@@ -271,11 +271,20 @@ class SparsePath:
     def row_sparse_pull(self, key, out, row_ids) -> None:
         """Write the rows ``row_ids`` of ``key`` into the row_sparse arrays ``out``."""
 
+        def checked_outs():   # the same on every call with these outs (calls.checked)
+            outs = pairs(key, out, "out", sparse_ok=True)
+            slots = []
+            for k, o in outs:
+                slots.append(lookup(self.slots, k))
+                check_matches(k, slots[-1], o, "out")
+            return outs, slots, f"row_sparse_pull {keys_text(outs)}"
+
         def build():
             if out is None or row_ids is None:
                 raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
                                     "arrays) and row_ids= (the rows to fetch)")
-            outs = pairs(key, out, "out", sparse_ok=True)
+            outs, slots, signature = self.calls.checked("row_sparse_pull", key, out, None,
+                                                        checked_outs)
             if isinstance(key, (list, tuple)):
                 if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
                     raise KeyValueError(f"a list of {len(outs)} keys needs a list of "
@@ -284,12 +293,10 @@ class SparsePath:
             else:
                 ids_per_key = [row_ids]
             work = []
-            for (k, o), ids in zip(outs, ids_per_key):
-                slot = lookup(self.slots, k)
-                check_matches(k, slot, o, "out")
+            for (k, o), slot, ids in zip(outs, slots, ids_per_key):
                 ids = [ids] * len(o) if isinstance(ids, mx.nd.NDArray) else list(ids)
                 work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids)))
-            return work, f"row_sparse_pull {keys_text(outs)}"
+            return work, signature
 
         if not isinstance(key, (list, tuple)) and key in self._prefetched:
             self._pull_prefetched(key, build)

@@ -289,7 +289,9 @@ class HybridMPIStore(mx.kv.KVStore):
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
         self._open()
         self.clock.tick(call_key(key))
-        if self.sparse.push_with_prefetch(key, value, lambda: self._signed("push", key, value)):
+        if self.sparse.push_with_prefetch(key, value, lambda: self.calls.checked(
+                "push", key, value, (self.sparse.asks_prefetch(key), self._updater is not None),
+                lambda: self._signed("push", key, value))):
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),
                                 f" of key {key!r}")
