@@ -140,8 +140,13 @@ class DistributedTrainer(gluon.Trainer):
             self._kvstore.pushpull(keys, grads, out=outs)
         elif keys:
             self._kvstore.pushpull(keys, grads)
-        for i, param, grad_list in sparse:      # as gluon.Trainer does
-            self._kvstore.push(i, grad_list, priority=-i)
-            if param._stype == "default":
+        # the sparse keys in one push: the store sends their rows in one meeting (gluon.Trainer
+        # pushes key by key)
+        if len(sparse) == 1:
+            self._kvstore.push(sparse[0][0], sparse[0][2], priority=-sparse[0][0])
+        elif sparse:
+            self._kvstore.push([i for i, _, _ in sparse], [g for _, _, g in sparse])
+        for i, param, grad_list in sparse:
+            if param._stype == "default":   # as gluon.Trainer does
                 pull_list = param.list_data() if self._update_on_kvstore else grad_list
                 self._kvstore.pull(i, pull_list, priority=-i, ignore_sparse=self._distributed)

@@ -14,6 +14,7 @@ Only the rows touched travel, so traffic scales with α, not with the table.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -86,72 +87,89 @@ class Prefetch:
         self.ready = threading.Event()
 
 
-def push_and_prefetch(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray]],
-                      ids: np.ndarray, next_ids: np.ndarray, group: Group,
+@dataclass
+class PushOfRows:
+    """One key of a ``push_and_prefetch``: its gradient's arrays (None after a local error)
+    and their row ids, and the ids the next step will pull."""
+    key: Key
+    slot: KeySlot
+    arrays: Optional[Sequence[NDArray]]
+    ids: Optional[np.ndarray]
+    next_ids: np.ndarray
+
+
+def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                       servers: Optional[ServerLink], comm: EngineComm,
-                      call: Tuple[Optional[str], Optional[str]]) -> Prefetch:
-    """``push_to_servers``, its agreement and the pull of the next step's rows in one
-    meeting: every rank's rows, next ids and call (``call``: its local error, or its
-    signature; ``arrays`` is None after an error) go to the master in one gather. If the
-    calls match, the master pushes the sum and at once asks the servers for the union of
-    the next ids (ps-lite sends them after the push, so they come back updated); the
+                      call: Tuple[Optional[str], Optional[str]]) -> List[Prefetch]:
+    """``push_to_servers`` of one or more keys, their agreement and the pull of the next
+    step's rows in one meeting: every rank's rows and next ids of every key, and its call
+    (``call``: its local error, or its signature), go to the master in one gather. If the
+    calls match, the master pushes each key's sum and at once asks the servers for the union
+    of its next ids (ps-lite sends them after the push, so they come back updated); the
     communication thread waits for them and hands each rank its own (``comm``'s group),
     while the caller's thread goes on. If they differ, nothing is pushed: the communication
     thread hands every rank the verdict, and every rank raises it at its next call."""
-    if arrays is None:
-        ids, rows = np.zeros(0, np.int64), np.zeros((0,) + tuple(slot.shape[1:]), slot.dtype)
-    else:
-        ids, rows = local_rows(arrays, ids)
+    arrays = []
+    for p in pushes:
+        if p.arrays is None:
+            ids = np.zeros(0, np.int64)
+            rows = np.zeros((0,) + tuple(p.slot.shape[1:]), p.slot.dtype)
+        else:
+            ids, rows = local_rows(p.arrays, p.ids)
+        arrays += [ids, rows, p.next_ids]
     error, signature = call
     agreement = np.array([1 if error else 0, 0 if error else digest(signature)], np.int64)
-    gathered = gather_patiently([ids, rows, next_ids, agreement], group, root=0,
-                                name=f"the push of key {key!r} (its rows, the ranks' calls "
+    keys = ", ".join(repr(p.key) for p in pushes)
+    gathered = gather_patiently(arrays + [agreement], group, root=0,
+                                name=f"the push of key(s) {keys} (their rows, the ranks' calls "
                                      "and the next step's row ids)")
-    prefetch = Prefetch(key, next_ids)
-    union = wanted = fetch = None
+    prefetches = [Prefetch(p.key, p.next_ids) for p in pushes]
+    fetches: List[Optional[tuple]] = [None] * len(pushes)   # (union, wanted, fetch) per key
     failed = False
     if group.rank == 0:
-        (all_ids, _), (all_rows, _), (nexts, counts), (calls, _) = gathered
-        calls = calls.reshape(-1, 2)   # (error flag, digest) per rank
+        calls = gathered[-1][0].reshape(-1, 2)   # (error flag, digest) per rank
         failed = bool(calls[:, 0].any()) or len(set(calls[:, 1].tolist())) > 1
-        if not failed:
-            wanted = by_rank(nexts, counts)
-            union = np.unique(nexts)
+        for n, p in enumerate(pushes if not failed else []):
+            (all_ids, _), (all_rows, _), (nexts, counts) = gathered[3 * n:3 * n + 3]
+            union, fetch = np.unique(nexts), None
             if servers is not None:
                 summed_ids, summed = sum_rows(all_ids, all_rows)
                 group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
-                servers.push_rows(key, summed_ids, summed, slot.shape, slot.dtype)
+                servers.push_rows(p.key, summed_ids, summed, p.slot.shape, p.slot.dtype)
                 if len(union):
-                    fetch = servers.start_pull_rows(key, union, slot.shape, slot.dtype)
-    row_shape, dtype = slot.shape[1:], slot.dtype
+                    fetch = servers.start_pull_rows(p.key, union, p.slot.shape, p.slot.dtype)
+            fetches[n] = (union, by_rank(nexts, counts), fetch)
     engine_group = comm.group
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
-        # the rows' array first: its indices' engine round trip is made while the master
-        # still waits for the servers, not after, and the rows arrive in its memory
-        array, values = new_host_row_sparse(next_ids, slot.shape, dtype)
+        # the rows' arrays first: their indices' engine round trips are made while the
+        # master still waits for the servers, not after, and the rows arrive in their memory
+        made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]
         verdict = np.array([failed], np.int64)
-        with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key "
-                                                   f"{key!r}"):
+        with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key(s) "
+                                                   f"{keys}"):
             wait_patiently(engine_group.comm.Ibcast(verdict, root=0))
             if verdict[0]:   # rare: the calls' texts; the thread stops, every rank raises
                 details = engine_group.comm.gather(call, root=0)
                 text = explain("push", details) if engine_group.rank == 0 else None
                 raise KeyValueError(engine_group.comm.bcast(text, root=0))
-        parts = None
-        if engine_group.rank == 0:
-            with engine_group.watchdog.waiting(
-                    lambda: f"the parameter servers to return {len(union)} prefetched rows of "
-                            f"key {key!r}", collective=False, outward=True):
-                table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
-            parts = [table[np.searchsorted(union, w)] for w in wanted]
-        prefetch.rows = scatter_rows(parts, row_shape, dtype, len(next_ids), engine_group,
-                                     name=f"key {key!r} (prefetched)", out=values)
-        prefetch.array = array
-        prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
+        for p, prefetch, (array, values), fetched in zip(pushes, prefetches, made, fetches):
+            row_shape, dtype = p.slot.shape[1:], p.slot.dtype
+            parts = None
+            if engine_group.rank == 0:
+                union, wanted, fetch = fetched
+                with engine_group.watchdog.waiting(
+                        lambda: f"the parameter servers to return {len(union)} prefetched "
+                                f"rows of key {p.key!r}", collective=False, outward=True):
+                    table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
+                parts = [table[np.searchsorted(union, w)] for w in wanted]
+            prefetch.rows = scatter_rows(parts, row_shape, dtype, len(p.next_ids), engine_group,
+                                         name=f"key {p.key!r} (prefetched)", out=values)
+            prefetch.array = array
+            prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
 
-    comm.enqueue(f"the prefetched rows of key {key!r}", hand_out)
-    return prefetch
+    comm.enqueue(f"the prefetched rows of key(s) {keys}", hand_out)
+    return prefetches
 
 
 class PullCheck:

@@ -140,31 +140,44 @@ class SparsePath:
         return key in self._prefetch_ids
 
     def push_with_prefetch(self, key, value, signed) -> bool:
-        """The push of a sparse weight that carries the next step's row ids (prefetch_rows),
-        in one meeting: its agreement travels in the rows' gather, where the master compares
-        the ranks' calls before it pushes anything. Calls that differ reach every rank
-        through the communication thread, and every rank raises at its next store call
-        (nothing was pushed). Other pushes, and a key's first (its route is decided then),
-        agree first (returns False). ``signed``: ``calls.signed_work`` for this push."""
-        if isinstance(key, (list, tuple)) or key not in self._prefetch_ids:
-            return False
-        slot = self.slots.get(key)
-        if slot is None or slot.route is None or not slot.rows_on_servers:
+        """The push of one or more sparse weights that carry the next step's row ids
+        (prefetch_rows), in one meeting: its agreement travels in the rows' gather, where
+        the master compares the ranks' calls before it pushes anything. Calls that differ
+        reach every rank through the communication thread, and every rank raises at its
+        next store call (nothing was pushed). Other pushes, and a key's first (its route is
+        decided then), agree first (returns False). ``signed``: ``calls.signed_work`` for
+        this push."""
+        keys = list(key) if isinstance(key, (list, tuple)) else [key]
+        if not keys or not all(self._prefetches_at_push(k) for k in keys) \
+                or len(set(keys)) != len(keys):   # (the checked path names a repeated key)
             return False
         self.settle_pulls()   # (before this meeting: see settle_pulls)
-        arrays = ids = None
         try:
             work, signature = signed()
             call = (None, str(signature))
-            arrays = work[0][1]
-            ids = local_ids(arrays)
-            rx.count_rows(slot, ids)
+            pushes = []
+            for k, arrays, _ in work:
+                ids = local_ids(arrays)
+                rx.count_rows(self.slots[k], ids)
+                pushes.append(rx.PushOfRows(k, self.slots[k], arrays, ids, None))
         except KeyValueError as exc:
-            call, arrays = (str(exc), None), None
-        self._prefetched[key] = rx.push_and_prefetch(
-            key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group, self.servers,
-            self.engine, call)
+            call = (str(exc), None)
+            pushes = [rx.PushOfRows(k, self.slots[k], None, None, None) for k in keys]
+        for p in pushes:
+            p.next_ids = self._prefetch_ids.pop(p.key)
+        prefetches = rx.push_and_prefetch(pushes, self.row_group, self.servers, self.engine,
+                                          call)
+        for p, prefetch in zip(pushes, prefetches):
+            self._prefetched[p.key] = prefetch
         return True
+
+    def _prefetches_at_push(self, key) -> bool:
+        """Whether a push of ``key`` takes the next step's rows with it (its route is known
+        and its rows live on the servers, and the next ids were handed over)."""
+        if isinstance(key, (list, tuple)) or key not in self._prefetch_ids:
+            return False
+        slot = self.slots.get(key)
+        return slot is not None and slot.route is not None and slot.rows_on_servers
 
     def push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
         """A checked push of row_sparse gradients, by the key's route."""
@@ -193,9 +206,10 @@ class SparsePath:
             self.placement.note_rows(self.slots)
             self.calls.forget()   # checked pushpull calls of this key no longer hold
         if slot.rows_on_servers and key in self._prefetch_ids:
-            self._prefetched[key] = rx.push_and_prefetch(
-                key, slot, arrays, ids, self._prefetch_ids.pop(key), self.row_group,
-                self.servers, self.engine, (None, "agreed"))   # the call agreed already
+            push = rx.PushOfRows(key, slot, arrays, ids, self._prefetch_ids.pop(key))
+            self._prefetched[key], = rx.push_and_prefetch(
+                [push], self.row_group, self.servers, self.engine,
+                (None, "agreed"))   # the call agreed already
         elif slot.rows_on_servers:
             rx.push_to_servers(key, slot, arrays, ids, self.row_group, self.servers)
             self._prefetch_ids.pop(key, None)

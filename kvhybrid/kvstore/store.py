@@ -290,7 +290,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._open()
         self.clock.tick(call_key(key))
         if self.sparse.push_with_prefetch(key, value, lambda: self.calls.checked(
-                "push", key, value, (self.sparse.asks_prefetch(key), self._updater is not None),
+                "push", key, value, (True, self._updater is not None),   # (every key prefetches)
                 lambda: self._signed("push", key, value))):
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),

@@ -214,3 +214,41 @@ def test_a_pull_the_prefetched_rows_miss_on_one_rank_is_served_by_the_others_nex
             "row_sparse_pull failed on rank 1: out of row_sparse_pull of key 'w' is default"), \
             got[rank]
         assert got[rank]["requests_sent"] == 0, got[rank]
+
+
+@pytest.fixture(scope="module")
+def tables_job(tmp_path_factory):
+    """Two SparseEmbedding tables, one group with a server, rows prefetched: through
+    kvhybrid.DistributedTrainer (both tables' rows in one push), through gluon.Trainer (a
+    push per table), and through DistributedTrainer with plain pulls."""
+    runs = {"fused": ("1", "1"), "gluon": ("0", "1"), "plain": ("1", "0")}
+    out = tmp_path_factory.mktemp("tables")
+    for name, (fused, prefetch) in runs.items():
+        (out / name).mkdir()
+        r = run_launcher(["-n", 4, "--clients", 1, "--servers", 1], "train_sparse.py",
+                         [out / name, 1, STEPS, PER_DEVICE, "tables"], timeout=240,
+                         env={"KVHYBRID_TEST_FUSED": fused, "KVHYBRID_TEST_PREFETCH": prefetch})
+        assert r.returncode == 0, r.output[-4000:]
+    return out
+
+
+def test_two_tables_pushed_in_one_meeting_train_like_one_process(tables_job):
+    assert_matches_single_process(tables_job / "fused", "tables", 4, 1)
+    for rank in range(4):
+        got = np.load(tables_job / "fused" / f"tables-rank{rank}.npz")
+        for other in ("gluon", "plain"):
+            want = np.load(tables_job / other / f"tables-rank{rank}.npz")
+            for name in want.files:
+                assert np.array_equal(got[name], want[name]), f"rank {rank} {name}: {other}"
+
+
+def test_distributed_trainer_pushes_both_tables_rows_in_one_meeting(tables_job):
+    # after the first step (which decides the routes and pulls plainly), a step's meetings
+    # on the caller's thread are its pushes of rows: gluon.Trainer pushes the tables one by
+    # one, a meeting each; DistributedTrainer pushes them in one call, one gather
+    for rank in range(4):
+        for name, want in (("fused", 1), ("gluon", 2)):
+            seen = json.load(open(tables_job / name / f"tables-stats-rank{rank}.json"))
+            after = seen["meetings_after_step"]
+            assert [b - a for a, b in zip(after, after[1:])] == [want] * (STEPS - 1), \
+                (name, rank, after)

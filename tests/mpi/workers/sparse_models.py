@@ -2,6 +2,7 @@
 
 kind "grad":   nn.Embedding(sparse_grad=True): a dense weight that gets row_sparse gradients.
 kind "weight": contrib.nn.SparseEmbedding: a row_sparse weight, pulled row by row.
+kind "tables": two SparseEmbedding tables, one for each half of a sample's words.
 Both set a learning-rate and a weight-decay multiplier, which the servers must honour too.
 """
 import numpy as np
@@ -19,17 +20,30 @@ class BagOfWords(gluon.Block):
         with self.name_scope():
             if kind == "grad":
                 self.embed = nn.Embedding(VOCAB, DIM, sparse_grad=True)
-            elif kind == "weight":
+            elif kind in ("weight", "tables"):
                 self.embed = mx.gluon.contrib.nn.SparseEmbedding(VOCAB, DIM)
             else:
                 raise ValueError(kind)
-            self.hidden = nn.Dense(HIDDEN, activation="relu", in_units=DIM)
+            self.second = mx.gluon.contrib.nn.SparseEmbedding(VOCAB, DIM) \
+                if kind == "tables" else None
+            self.hidden = nn.Dense(HIDDEN, activation="relu",
+                                   in_units=DIM * (2 if self.second else 1))
             self.out = nn.Dense(CLASSES, in_units=HIDDEN)
         self.embed.weight.wd_mult = 0.5
         self.out.bias.lr_mult = 2.0
 
+    def tables(self):
+        """(table, which of a sample's words it embeds) per table."""
+        if self.second is None:
+            return [(self.embed, slice(None))]
+        half = WORDS // 2
+        return [(self.embed, slice(0, half)), (self.second, slice(half, None))]
+
     def forward(self, ids):
-        return self.out(self.hidden(self.embed(ids).mean(axis=1)))
+        if self.second is None:
+            return self.out(self.hidden(self.embed(ids).mean(axis=1)))
+        parts = [table(ids[:, words]).mean(axis=1) for table, words in self.tables()]
+        return self.out(self.hidden(mx.nd.concat(*parts, dim=1)))
 
 
 def make_sparse_net(kind: str = "grad"):
@@ -49,7 +63,7 @@ def make_trainer(net, kind: str, kvstore, batch: int, lazy: bool = True, fused: 
         make = kvhybrid.DistributedTrainer
     else:
         make = gluon.Trainer
-    if kind == "weight" and kvstore not in (None, "local"):
+    if kind in ("weight", "tables") and kvstore not in (None, "local"):
         params["rescale_grad"] = 1.0 / batch
         return make(net.collect_params(), "sgd", params, kvstore=kvstore), 1
     return make(net.collect_params(), "sgd", params, kvstore=kvstore), batch
@@ -62,9 +76,10 @@ def sparse_batch(step: int, n: int):
 
 
 def sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs, offset, total,
-                       prefetch: bool = False):
+                       prefetch: bool = False, after_step=lambda: None):
     """``prefetch``: hand the store the next batch's ids before each step
-    (kvhybrid.prefetch), as a training loop that reads ahead does."""
+    (kvhybrid.prefetch), as a training loop that reads ahead does. ``after_step`` runs
+    after each step."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(steps):
         x, y = sparse_batch(step, total)
@@ -78,10 +93,11 @@ def sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs, offset, 
         if prefetch:   # the last step's prefetch is never used: the pull after falls back
             import kvhybrid
             following, _ = sparse_batch(step + 1, total)
-            kvhybrid.prefetch(trainer, {net.embed.weight: [
-                following[offset + d * per_device:offset + (d + 1) * per_device]
-                for d in range(len(ctxs))]})
+            kvhybrid.prefetch(trainer, {table.weight: [
+                following[offset + d * per_device:offset + (d + 1) * per_device, words]
+                for d in range(len(ctxs))] for table, words in net.tables()})
         trainer.step(step_arg)
+        after_step()
 
 
 def local_weights(net) -> dict:

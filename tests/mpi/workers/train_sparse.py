@@ -1,8 +1,10 @@
 """Train a model with a sparse embedding through hybrid-mpi; dump the weights.
 
 argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH [KIND]
-KIND "grad" (nn.Embedding(sparse_grad=True), the default) or "weight"
-(contrib.nn.SparseEmbedding); the dense layers go through the dense path.
+KIND "grad" (nn.Embedding(sparse_grad=True), the default), "weight"
+(contrib.nn.SparseEmbedding) or "tables" (two of them); the dense layers go through the
+dense path. KVHYBRID_TEST_PREFETCH=1: the next batch's rows are prefetched;
+KVHYBRID_TEST_FUSED=1: kvhybrid.DistributedTrainer instead of gluon.Trainer.
 """
 import json
 import os
@@ -27,15 +29,19 @@ net.initialize(mx.init.Xavier(), ctx=ctxs)
 kvhybrid.broadcast_parameters(net.collect_params(), kv)   # dense ones; the store inits the table
 if rank == 0:
     np.savez(os.path.join(out_dir, f"{kind}-init.npz"), **local_weights(net))
-trainer, step_arg = make_trainer(net, kind, kv, ndev * per_device)
+meetings = []   # the group's meetings on the caller's thread so far, after each step
+trainer, step_arg = make_trainer(net, kind, kv, ndev * per_device,
+                                 fused=os.environ.get("KVHYBRID_TEST_FUSED") == "1")
 sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs,
                    offset=rank * ndev * per_device, total=size * ndev * per_device,
-                   prefetch=os.environ.get("KVHYBRID_TEST_PREFETCH") == "1")
+                   prefetch=os.environ.get("KVHYBRID_TEST_PREFETCH") == "1",
+                   after_step=lambda: meetings.append(kv.collectives()["group"]))
 assert trainer._update_on_kvstore, "Gluon updates on the store for distributed sparse models"
 np.savez(os.path.join(out_dir, f"{kind}-rank{rank}.npz"), **trained_weights(net))
 print(f"rank {rank}: bytes sent {kv.group.bytes_sent}", flush=True)
 print(f"rank {rank}: key stats {kv.key_stats()}", flush=True)
 with open(os.path.join(out_dir, f"{kind}-stats-rank{rank}.json"), "w") as f:
     # bytes sent and the group's meetings, in a file: mpirun may join ranks' output lines
-    json.dump({"bytes_sent": kv.group.bytes_sent, "collectives": kv.collectives()}, f)
+    json.dump({"bytes_sent": kv.group.bytes_sent, "collectives": kv.collectives(),
+               "meetings_after_step": meetings}, f)
 kv.close()
