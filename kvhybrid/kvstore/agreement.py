@@ -9,6 +9,7 @@ state has changed.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import defaultdict
 from typing import Optional
@@ -23,9 +24,20 @@ _MASK = (1 << 62) - 1
 
 
 def digest(signature) -> int:
-    """A 62-bit hash of a call's signature: what ranks compare."""
+    """A 62-bit hash of a call's signature: what ranks compare. A training loop repeats
+    its calls, so the hashes of hashable signatures are remembered."""
+    try:
+        return _remembered_digest(signature)
+    except TypeError:   # (unhashable)
+        return _digest(signature)
+
+
+def _digest(signature) -> int:
     return int.from_bytes(hashlib.blake2b(repr(signature).encode(), digest_size=8).digest(),
                           "little") & _MASK
+
+
+_remembered_digest = functools.lru_cache(maxsize=4096, typed=True)(_digest)
 
 
 def agree(group: Group, what: str, signature, local_error: Optional[str], about: str = "",

@@ -218,7 +218,8 @@ def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.nda
 
 def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
     """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
-    return all(not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
+    return all(np.array_equal(i, prefetch.ids)   # (the usual case, and cheaper)
+               or not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
 
 
 # -- pull --------------------------------------------------------------------------------
