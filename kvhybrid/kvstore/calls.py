@@ -150,7 +150,10 @@ class Calls:
         of its outs), run once per repeated call on the same arrays, as ``pushpull``'s; the
         agreement is the caller's. ``depends``: what else the result depends on."""
         ident = (op, call_key(key), _handles(arrays), depends)
-        result = self._checked.get(ident)
+        try:
+            result = self._checked.get(ident)
+        except TypeError:   # an unhashable key: build() raises the error that names it
+            return build()
         if result is None:
             result = build()
             if len(self._checked) >= MEMO_LIMIT:

@@ -174,8 +174,8 @@ class SparsePath:
     def _prefetches_at_push(self, key) -> bool:
         """Whether a push of ``key`` takes the next step's rows with it (its route is known
         and its rows live on the servers, and the next ids were handed over)."""
-        if isinstance(key, (list, tuple)) or key not in self._prefetch_ids:
-            return False
+        if not isinstance(key, (int, str, np.integer)) or key not in self._prefetch_ids:
+            return False   # (a bad key takes the checked path, which names it)
         slot = self.slots.get(key)
         return slot is not None and slot.route is not None and slot.rows_on_servers
 
@@ -312,7 +312,7 @@ class SparsePath:
                 work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids)))
             return work, signature
 
-        if not isinstance(key, (list, tuple)) and key in self._prefetched:
+        if isinstance(key, (int, str, np.integer)) and key in self._prefetched:
             self._pull_prefetched(key, build)
             return
         self._plain_pull(key, build)

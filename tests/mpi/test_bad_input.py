@@ -32,6 +32,8 @@ EXPECTED = {
     "out_length_differs": ["out of key 0 has 1 array(s) but value has 2", "one out array per value"],
     "out_shape_differs": ["failed on rank 0:", "out of key 0 has shape (4, 3)", "must match"],
     "bad_key_type": ["key must be an int or a str, got float 1.5"],
+    "unhashable_key_push": ["key must be an int or a str, got dict"],
+    "unhashable_key_row_sparse_pull": ["key must be an int or a str, got list"],
     "init_twice": ["key 0 is already initialised", "broadcast()"],
     "optimizer_differs": ["set_optimizer differs between ranks", "learning_rate=0.1",
                           "learning_rate=0.2"],

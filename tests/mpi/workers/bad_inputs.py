@@ -39,6 +39,9 @@ attempt("value_shape_one_rank", lambda: kv.push(0, ones((2, 8)) if rank == size 
 attempt("out_length_differs", lambda: kv.pushpull(0, [ones(), ones()], out=[ones()]))
 attempt("out_shape_differs", lambda: kv.pushpull(0, ones(), out=ones((4, 3)) if rank == 0 else ones()))
 attempt("bad_key_type", lambda: kv.pushpull(1.5, ones()))
+attempt("unhashable_key_push", lambda: kv.push({"a": 1}, ones()))
+attempt("unhashable_key_row_sparse_pull", lambda: kv.row_sparse_pull(
+    [[0]], out=[mx.nd.sparse.zeros("row_sparse", (4, 4))], row_ids=[mx.nd.array([0])]))
 attempt("init_twice", lambda: kv.init(0, ones()))
 attempt("optimizer_differs",
         lambda: kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1 if rank == 0 else 0.2)))
