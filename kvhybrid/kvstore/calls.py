@@ -145,11 +145,12 @@ class Calls:
         self._memo[ident] = call
         return call
 
-    def checked(self, op: str, key, arrays, depends, build: Callable[[], tuple]) -> tuple:
+    def checked(self, op: str, key, arrays, build: Callable[[], tuple]) -> tuple:
         """``build()``'s local checks of a call (a push's ``signed_work``, a pull's checks
         of its outs), run once per repeated call on the same arrays, as ``pushpull``'s; the
-        agreement is the caller's. ``depends``: what else the result depends on."""
-        ident = (op, call_key(key), _handles(arrays), depends)
+        agreement is the caller's. Only checks that passed are remembered, and what else
+        they read (a key's route, compression) changes only with ``forget``."""
+        ident = (op, call_key(key), _handles(arrays))
         try:
             result = self._checked.get(ident)
         except TypeError:   # an unhashable key: build() raises the error that names it

@@ -65,8 +65,13 @@ def spec(arr: NDArray) -> str:
     return f"shape {tuple(arr.shape)} {np.dtype(arr.dtype).name}{stype}"
 
 
+def is_key(key) -> bool:
+    """Whether ``key`` is a store key (an int or a str; not a bool)."""
+    return not isinstance(key, bool) and isinstance(key, (int, str, np.integer))
+
+
 def check_key(key) -> Key:
-    if isinstance(key, bool) or not isinstance(key, (int, str, np.integer)):
+    if not is_key(key):
         raise KeyValueError(f"key must be an int or a str, got {type(key).__name__} {key!r}")
     return int(key) if isinstance(key, np.integer) else key
 

@@ -182,8 +182,8 @@ class _Weights:
     def __init__(self, bucket: EngineBucket):
         items = bucket.items
         ctx = items[0].slot.value.context
-        self.fused = all(it.slot.value.context == ctx for it in items)
-        if self.fused:
+        fused = all(it.slot.value.context == ctx for it in items)
+        if fused:
             buffer = mx.nd.zeros((bucket.count,), ctx=ctx, dtype=bucket.dtype)
             mx.nd.concat(*[it.slot.value.reshape((-1,)) for it in items], dim=0, out=buffer)
             for it, start in zip(items, bucket.starts):
@@ -194,7 +194,7 @@ class _Weights:
         self.grads = [it.total for it in items] \
             if all(it.total.context == v.context for it, v in zip(items, self.values)) else None
         self.outs = _flat_all([it.out if it.out is not None else it.value for it in items],
-                              ctx) if self.fused else None
+                              ctx) if fused else None
 
     def current(self, bucket: EngineBucket) -> bool:
         """Whether every key's weight is still the one seen here (a new init or another

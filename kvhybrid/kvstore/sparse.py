@@ -47,7 +47,7 @@ from . import routing
 from . import row_exchange as rx
 from .calls import Calls, keys_text
 from .dense import DensePath
-from .keys import Key, KeySlot, check_matches, lookup, pairs, zeros
+from .keys import Key, KeySlot, check_matches, is_key, lookup, pairs, zeros
 from .modes import SyncMode
 from .placement import Placement
 
@@ -174,7 +174,7 @@ class SparsePath:
     def _prefetches_at_push(self, key) -> bool:
         """Whether a push of ``key`` takes the next step's rows with it (its route is known
         and its rows live on the servers, and the next ids were handed over)."""
-        if not isinstance(key, (int, str, np.integer)) or key not in self._prefetch_ids:
+        if not is_key(key) or key not in self._prefetch_ids:
             return False   # (a bad key takes the checked path, which names it)
         slot = self.slots.get(key)
         return slot is not None and slot.route is not None and slot.rows_on_servers
@@ -297,7 +297,7 @@ class SparsePath:
             if out is None or row_ids is None:
                 raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
                                     "arrays) and row_ids= (the rows to fetch)")
-            outs, slots, signature = self.calls.checked("row_sparse_pull", key, out, None,
+            outs, slots, signature = self.calls.checked("row_sparse_pull", key, out,
                                                         checked_outs)
             if isinstance(key, (list, tuple)):
                 if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
@@ -312,7 +312,7 @@ class SparsePath:
                 work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids)))
             return work, signature
 
-        if isinstance(key, (int, str, np.integer)) and key in self._prefetched:
+        if is_key(key) and key in self._prefetched:
             self._pull_prefetched(key, build)
             return
         self._plain_pull(key, build)

@@ -290,8 +290,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self._open()
         self.clock.tick(call_key(key))
         if self.sparse.push_with_prefetch(key, value, lambda: self.calls.checked(
-                "push", key, value, (True, self._updater is not None),   # (every key prefetches)
-                lambda: self._signed("push", key, value))):
+                "push", key, value, lambda: self._signed("push", key, value))):
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),
                                 f" of key {key!r}")

@@ -134,16 +134,17 @@ def wait_patiently(request) -> None:
     model's step took 2.5x longer on 2 cores). Every rank must use the non-blocking call,
     the one that waits for others included: MPI matches blocking and non-blocking
     collectives with each other only in MPI 4."""
-    delay = 50e-6
-    while not request.Test():
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1e-3)
+    _sleep_until(request.Test)
 
 
 def wait_all_patiently(requests, MPI) -> None:
     """``wait_patiently`` for several requests at once."""
+    _sleep_until(lambda: MPI.Request.Testall(requests))
+
+
+def _sleep_until(done: Callable[[], bool]) -> None:
     delay = 50e-6
-    while not MPI.Request.Testall(requests):
+    while not done():
         time.sleep(delay)
         delay = min(delay * 1.5, 1e-3)
 
