@@ -42,9 +42,10 @@ def rows_live_on_servers(slot: KeySlot, num_servers: int, across_groups: bool) -
     return slot.sparse_weight or across_groups
 
 
-def count_rows(slot: KeySlot, ids: np.ndarray) -> None:
-    """Add this push's α (distinct rows this worker touched ÷ rows) to the key's tally."""
-    slot.alpha_sum += len(np.unique(ids)) / slot.shape[0]
+def count_rows(slot: KeySlot, ids: np.ndarray, arrays: int) -> None:
+    """Add this push's α (distinct rows this worker touched ÷ rows) to the key's tally;
+    ``ids`` come from ``arrays`` row_sparse arrays (one array's are distinct already)."""
+    slot.alpha_sum += (len(ids) if arrays == 1 else len(np.unique(ids))) / slot.shape[0]
     slot.alpha_steps += 1
 
 

@@ -158,7 +158,7 @@ class SparsePath:
             pushes = []
             for k, arrays, _ in work:
                 ids = local_ids(arrays)
-                rx.count_rows(self.slots[k], ids)
+                rx.count_rows(self.slots[k], ids, len(arrays))
                 pushes.append(rx.PushOfRows(k, self.slots[k], arrays, ids, None))
         except KeyValueError as exc:
             call = (str(exc), None)
@@ -188,7 +188,7 @@ class SparsePath:
     def _push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
         self._prefetched.pop(key, None)   # this push updates the rows it holds
         ids = local_ids(arrays)   # read once: for α and for the push
-        rx.count_rows(slot, ids)
+        rx.count_rows(slot, ids, len(arrays))
         if slot.route is None:
             slot.route = self._choose_route(key, slot)
         if slot.route == "dense":  # the whole gradient, summed like a dense key's
