@@ -3,8 +3,8 @@
     python -m benchmarks.before_after --base 8f63e34 [--after REV] [--rounds 3] [--models ...]
 
 The base commit (and ``--after``'s, else this working tree is after) is checked out into a
-temporary git worktree; each round runs ``benchmarks.models`` (loopback, kvhybrid only
-unless --systems says otherwise) in the base tree and in the after tree, one right after
+temporary git worktree; each round runs ``benchmarks.models`` (loopback unless --hosts
+says otherwise, kvhybrid only unless --systems does) in the base tree and in the after tree, one right after
 the other, every job started in its tree (``check_imports`` makes sure it runs that tree's
 code), the order alternated from round
 to round so that neither always runs on a warmer or busier machine. The ratio of a round
@@ -66,6 +66,8 @@ def _run(tree: Path, args, out: Path) -> Dict[str, dict]:
     cmd = [sys.executable, "-m", "benchmarks.models", "--models", *args.models,
            "--systems", *args.systems, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--workers", str(args.workers), "--out", str(out), "--name", "run"]
+    if args.hosts:   # both trees on emulated hosts of the same rate
+        cmd += ["--hosts", str(args.hosts), "--rate", args.rate]
     # run in the tree: ``python -m`` puts the working directory first on the path, before
     # PYTHONPATH, and the tree's benchmarks/__init__ puts the tree first on every job's
     # path; a timeout or Ctrl-C stops the job's launcher and processes
@@ -118,6 +120,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--hosts", type=int, default=0,
+                   help="emulated hosts (benchmarks.models --hosts; root only); 0: loopback")
+    p.add_argument("--rate", default="1gbit", help="their links' bandwidth, with --hosts")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="before_after")
@@ -159,9 +164,10 @@ def main(argv=None) -> None:
             ratios[f"{model} {system}"] = {"median": statistics.median(r), "min": min(r),
                                            "max": max(r), "rounds": r}
     results = {"base": base, "after": after, "rounds": rounds, "ratios": ratios}
+    where = f"{args.hosts} emulated hosts at {args.rate}" if args.hosts else "loopback"
     table = "\n".join([
-        f"# kvhybrid before ({base}) and after ({after}), loopback, {args.workers} "
-        f"workers, {args.rounds} round(s) with the order alternated", "",
+        f"# kvhybrid before ({base}) and after ({after}), {where}, {args.workers} workers,"
+        f" {args.rounds} round(s) with the order alternated", "",
         _table(rounds, args), "",
         f"Median step after warm-up ({args.warmup} of {args.steps} steps) of each run, median "
         "over the rounds; the ratio is after's throughput ÷ before's in the same round.", "",

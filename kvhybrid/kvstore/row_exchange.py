@@ -100,15 +100,16 @@ class PushOfRows:
 
 
 def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
-                      servers: Optional[ServerLink], comm: EngineComm,
+                      servers: Optional[ServerLink], comm: EngineComm, hand_out_group: Group,
                       call: Tuple[Optional[str], Optional[str]]) -> List[Prefetch]:
     """``push_to_servers`` of one or more keys, their agreement and the pull of the next
     step's rows in one meeting: every rank's rows and next ids of every key, and its call
     (``call``: its local error, or its signature), go to the master in one gather. If the
     calls match, the master pushes each key's sum and at once asks the servers for the union
     of its next ids (ps-lite sends them after the push, so they come back updated); the
-    communication thread waits for them and hands each rank its own (``comm``'s group),
-    while the caller's thread goes on. If they differ, nothing is pushed: the communication
+    communication thread (``comm``) waits for them and hands each rank its own over
+    ``hand_out_group`` (``group``'s ranks on a communicator of that thread), while the
+    caller's thread goes on. If they differ, nothing is pushed: the communication
     thread hands every rank the verdict, and every rank raises it at its next call."""
     arrays = []
     for p in pushes:
@@ -140,7 +141,7 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                 if len(union):
                     fetch = servers.start_pull_rows(p.key, union, p.slot.shape, p.slot.dtype)
             fetches[n] = (union, by_rank(nexts, counts), fetch)
-    engine_group = comm.group
+    engine_group = hand_out_group
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
         # the rows' arrays first: their indices' engine round trips are made while the

@@ -26,7 +26,8 @@ Where the rows live:
 A key's route is decided at its first push (``routing.py``): its rows (in the group or on
 the servers), or 'dense' (every rank holds the whole table and its gradient is summed like
 a dense key's). ``prefetch_rows`` hands over the next batch's ids, so that the next pull's
-rows come back while the step goes on.
+rows come back while the step goes on (with host masters too: each host's master hands its
+host's rows out over a host communicator of the communication thread).
 """
 from __future__ import annotations
 
@@ -68,6 +69,15 @@ class SparsePath:
         self._prefetched: Dict[Key, rx.Prefetch] = {}        # on their way, for the next pull
         self._unsettled: Deque[rx.PullCheck] = collections.deque()   # see settle_pulls
         self._settling = False
+        #: where the communication thread hands prefetched rows out: the engine's group, or
+        #: with host masters a duplicate of this rank's host group (its own communicator:
+        #: the caller's thread meets the host on the other at the same time)
+        self.hand_out_group = None
+        if engine is not None:
+            self.hand_out_group = (engine.group if self.row_group is self.group else
+                                   self.row_group.derived(self.row_group.comm,
+                                                          f"{self.row_group.name}-engine"))
+            self.hand_out_group.algorithms.patient = True
 
     @property
     def group(self):
@@ -166,15 +176,17 @@ class SparsePath:
         for p in pushes:
             p.next_ids = self._prefetch_ids.pop(p.key)
         prefetches = rx.push_and_prefetch(pushes, self.row_group, self.servers, self.engine,
-                                          call)
+                                          self.hand_out_group, call)
         for p, prefetch in zip(pushes, prefetches):
             self._prefetched[p.key] = prefetch
         return True
 
     def _prefetches_at_push(self, key) -> bool:
-        """Whether a push of ``key`` takes the next step's rows with it (its route is known
-        and its rows live on the servers, and the next ids were handed over)."""
-        if not is_key(key) or key not in self._prefetch_ids:
+        """Whether a push of ``key`` takes the next step's rows and its agreement with it
+        (its route is known and its rows live on the servers, the next ids were handed over,
+        and one master gathers the whole group: a host's master sees its host's calls only,
+        so with host masters the group agrees first and the push prefetches in ``_push``)."""
+        if not is_key(key) or key not in self._prefetch_ids or self.row_group is not self.group:
             return False   # (a bad key takes the checked path, which names it)
         slot = self.slots.get(key)
         return slot is not None and slot.route is not None and slot.rows_on_servers
@@ -208,7 +220,7 @@ class SparsePath:
         if slot.rows_on_servers and key in self._prefetch_ids:
             push = rx.PushOfRows(key, slot, arrays, ids, self._prefetch_ids.pop(key))
             self._prefetched[key], = rx.push_and_prefetch(
-                [push], self.row_group, self.servers, self.engine,
+                [push], self.row_group, self.servers, self.engine, self.hand_out_group,
                 (None, "agreed"))   # the call agreed already
         elif slot.rows_on_servers:
             rx.push_to_servers(key, slot, arrays, ids, self.row_group, self.servers)
@@ -405,7 +417,7 @@ class SparsePath:
         ``HybridMPIStore.prefetch_rows``); does nothing where prefetching cannot run."""
         slot = self.slots.get(key)
         if not (slot is not None and slot.sparse_weight and slot.rows_on_servers
-                and self.engine is not None and self.row_group is self.group):
+                and self.engine is not None):
             return
         arrays = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids]
         parts = []
@@ -441,6 +453,9 @@ class SparsePath:
                 for k, s in self.slots.items() if s.alpha_steps}
 
     def close(self) -> None:
+        """Forget what is pending (after the communication thread stopped)."""
+        if self.hand_out_group is not None and self.hand_out_group is not self.engine.group:
+            self.hand_out_group.close()
         self._unsettled.clear()
         self._prefetch_ids.clear()
         self._prefetched.clear()

@@ -499,8 +499,9 @@ class HybridMPIStore(mx.kv.KVStore):
         """Collectives this rank has entered so far: on the group (agreements, rows,
         broadcasts: the meetings on the caller's thread) and engine buckets."""
         groups = {self.group, self.row_group}
+        engine = {self._engine.group, self.sparse.hand_out_group} if self._engine else set()
         return {"group": sum(g.watchdog.collectives for g in groups),
-                "engine": self._engine.group.watchdog.collectives if self._engine else 0}
+                "engine": sum(g.watchdog.collectives for g in engine)}
 
     def dense_stats(self) -> Dict[str, object]:
         """What this rank's dense sums ran, over both paths (``DensePath.stats``)."""
