@@ -16,7 +16,10 @@ library's own tuning, how many processes share the cores. So ``auto`` measures: 
 first calls of each size class (a power of two) try every candidate in turn, ``TRIALS``
 times each; then the ranks agree, in one small allreduce of their times, on the one
 whose slowest rank was fastest, and use it from then on (Horovod's autotuning, per
-size). Calls below ``SMALL_BYTES`` are bound by latency and go to the MPI library.
+size). Calls below ``SMALL_BYTES`` are bound by latency and go to the MPI library, on one
+host; across hosts only those below ``CROSS_HOST_BYTES`` do (a slow link makes a smaller sum
+bound by bandwidth: 64 KB take 5 ms at 100 Mbit/s, and the hierarchical sum sends half of
+what MPI's call does over it).
 Every rank makes the same calls in the same order, so the schedule is the same
 everywhere without talking. ``KVHYBRID_ALLREDUCE`` forces one algorithm.
 """
@@ -38,6 +41,9 @@ ALGORITHMS = ("mpi", "ring", "shm", "hierarchical")
 
 #: below this many bytes a call is bound by latency, and one MPI call has the least
 SMALL_BYTES = 256 * 2**10
+
+#: across hosts, calls below this many bytes go to the MPI library (see the module docstring)
+CROSS_HOST_BYTES = 16 * 2**10
 
 #: timed calls of each candidate before a size class settles on one
 TRIALS = 3
@@ -87,7 +93,7 @@ class Algorithms:
             return "mpi"
         if self.forced != "auto":
             return self.forced
-        if nbytes < SMALL_BYTES:
+        if not self.measured(nbytes):
             return "mpi"
         size_class = nbytes.bit_length()
         chosen = self.chosen.get(size_class)
@@ -97,12 +103,20 @@ class Algorithms:
         candidates = self.candidates()
         return candidates[done % len(candidates)]
 
+    def measured(self, nbytes: int) -> bool:
+        """Whether auto times the candidates for sums of ``nbytes`` (else MPI's call sums
+        them): from SMALL_BYTES on one host, from CROSS_HOST_BYTES across hosts (the first
+        such call maps the hosts: the same call on every rank)."""
+        if nbytes < CROSS_HOST_BYTES:
+            return False
+        return nbytes >= SMALL_BYTES or self.topology.nodes > 1
+
     def allreduce(self, view: np.ndarray) -> str:
         """Sum ``view`` over the group in place with the selected algorithm; return its name."""
         name = self.select(view.nbytes)
         size_class = view.nbytes.bit_length()
-        if self.forced != "auto" or view.nbytes < SMALL_BYTES or size_class in self.chosen \
-                or self.group.size == 1:
+        if self.forced != "auto" or self.group.size == 1 or size_class in self.chosen \
+                or not self.measured(view.nbytes):
             self.run(name, view)
             return name
         start = time.perf_counter()

@@ -12,7 +12,8 @@ import mxnet as mx
 
 import kvhybrid  # noqa: F401  registers hybrid-mpi
 from kvhybrid.tensor_collectives import allreduce, ring, shared_memory
-from kvhybrid.tensor_collectives.algorithms import ALGORITHMS, SMALL_BYTES, TRIALS
+from kvhybrid.tensor_collectives.algorithms import (ALGORITHMS, CROSS_HOST_BYTES, SMALL_BYTES,
+                                                      TRIALS)
 from kvhybrid.tensor_collectives.ndarray_view import host_view
 
 kv = mx.kv.create("hybrid-mpi")
@@ -91,6 +92,8 @@ if kv.engine is not None:
     algos = kv.engine.group.algorithms
 algos.forced = "auto"
 results["auto-small"] = algos.select(SMALL_BYTES // 2)
+results["auto-small-measured"] = algos.measured(SMALL_BYTES // 2)
+results["auto-tiny-measured"] = algos.measured(CROSS_HOST_BYTES // 2)
 results["auto-max"] = algos.select(64 * 2**20, "max")
 results["candidates"] = algos.candidates()
 n = 2**20
