@@ -18,8 +18,8 @@ times each; then the ranks agree, in one small allreduce of their times, on the 
 whose slowest rank was fastest, and use it from then on (Horovod's autotuning, per
 size). Calls below ``SMALL_BYTES`` are bound by latency and go to the MPI library, on one
 host; across hosts only those below ``CROSS_HOST_BYTES`` do (a slow link makes a smaller sum
-bound by bandwidth: 64 KB take 5 ms at 100 Mbit/s, and the hierarchical sum sends half of
-what MPI's call does over it).
+bound by bandwidth: 64 KB take 5 ms at 100 Mbit/s, and ``ring`` and ``hierarchical`` send a
+half to three quarters of what MPI's recursive doubling sends over it).
 Every rank makes the same calls in the same order, so the schedule is the same
 everywhere without talking. ``KVHYBRID_ALLREDUCE`` forces one algorithm.
 """
