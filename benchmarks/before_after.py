@@ -4,10 +4,10 @@
 
 The base commit (and ``--after``'s, else this working tree is after) is checked out into a
 temporary git worktree; each round runs ``benchmarks.models`` (loopback unless --hosts
-says otherwise, kvhybrid only unless --systems does) in the base tree and in the after tree, one right after
-the other, every job started in its tree (``check_imports`` makes sure it runs that tree's
-code), the order alternated from round
-to round so that neither always runs on a warmer or busier machine. The ratio of a round
+says otherwise, kvhybrid only unless --systems does) in the base tree and in the after
+tree, one right after the other, every job started in its tree (``check_imports`` makes
+sure it runs that tree's code), the order alternated from round to round so that neither
+always runs on a warmer or busier machine. The ratio of a round
 is after's throughput ÷ before's (the same words or images per step in both); the table
 gives the median over the rounds and the range. Writes NAME.md, NAME.json and NAME.png.
 """

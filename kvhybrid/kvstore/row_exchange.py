@@ -141,32 +141,32 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                 if len(union):
                     fetch = servers.start_pull_rows(p.key, union, p.slot.shape, p.slot.dtype)
             fetches[n] = (union, by_rank(nexts, counts), fetch)
-    engine_group = hand_out_group
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
         # the rows' arrays first: their indices' engine round trips are made while the
         # master still waits for the servers, not after, and the rows arrive in their memory
         made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]
         verdict = np.array([failed], np.int64)
-        with engine_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of key(s) "
-                                                   f"{keys}"):
-            wait_patiently(engine_group.comm.Ibcast(verdict, root=0))
+        with hand_out_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of "
+                                                     f"key(s) {keys}"):
+            wait_patiently(hand_out_group.comm.Ibcast(verdict, root=0))
             if verdict[0]:   # rare: the calls' texts; the thread stops, every rank raises
-                details = engine_group.comm.gather(call, root=0)
-                text = explain("push", details) if engine_group.rank == 0 else None
-                raise KeyValueError(engine_group.comm.bcast(text, root=0))
+                details = hand_out_group.comm.gather(call, root=0)
+                text = explain("push", details) if hand_out_group.rank == 0 else None
+                raise KeyValueError(hand_out_group.comm.bcast(text, root=0))
         for p, prefetch, (array, values), fetched in zip(pushes, prefetches, made, fetches):
             row_shape, dtype = p.slot.shape[1:], p.slot.dtype
             parts = None
-            if engine_group.rank == 0:
+            if hand_out_group.rank == 0:
                 union, wanted, fetch = fetched
-                with engine_group.watchdog.waiting(
+                with hand_out_group.watchdog.waiting(
                         lambda: f"the parameter servers to return {len(union)} prefetched "
                                 f"rows of key {p.key!r}", collective=False, outward=True):
                     table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
                 parts = [table[np.searchsorted(union, w)] for w in wanted]
-            prefetch.rows = scatter_rows(parts, row_shape, dtype, len(p.next_ids), engine_group,
-                                         name=f"key {p.key!r} (prefetched)", out=values)
+            prefetch.rows = scatter_rows(parts, row_shape, dtype, len(p.next_ids),
+                                         hand_out_group, name=f"key {p.key!r} (prefetched)",
+                                         out=values)
             prefetch.array = array
             prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
 

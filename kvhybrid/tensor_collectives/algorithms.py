@@ -88,8 +88,8 @@ class Algorithms:
 
     def select(self, nbytes: int, op: str = "sum") -> str:
         """The algorithm the next sum of ``nbytes`` on this group uses (the same on every
-        rank; ``allreduce`` does the bookkeeping). Collective on its first sum of 16 to
-        256 KB, which maps the hosts (``measured``): call it on every rank, as a sum is."""
+        rank; ``allreduce`` does the bookkeeping). Collective on its first sum of 16 KB or
+        more, which maps the hosts: call it on every rank, as a sum is."""
         if op != "sum" or self.group.size == 1:
             return "mpi"
         if self.forced != "auto":
