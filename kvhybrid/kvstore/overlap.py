@@ -16,8 +16,11 @@ as PyTorch DDP's reducer does. Each step, per bucket:
    copies are done and runs on the communication thread while backward goes on;
 3. the optimizer's update (``update_on_kvstore``) or the copy back into the
    gradients is pushed behind it; the next forward pass waits for it in the engine.
-   With an optimizer the bucket's weights live in one buffer of their own, so the
-   updated weights reach the outputs in one ``split``.
+
+Copies in and out are one ``copyto`` per key, memory copies. One ``concat`` in and one
+``split`` out would push fewer operations, but their kernels compute each element's place
+(a division and a search per element): an NMT step's 0.5 MB split took 0.86 ms of CPU, its
+six copies 0.06 ms with their Python (``benchmarks/engine_copies.py``).
 
 ``pushpull`` returns after pushing all of this: nothing on the caller's thread waits for
 communication. Results are the blocking path's: the same sums of the same arrays.
@@ -32,7 +35,7 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.fusion import buckets, split_into
+from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..errors import KeyValueError
 from ..tensor_collectives.ops import copy_to_all, wait_patiently
@@ -59,16 +62,6 @@ class EngineBucket:
         self.items, self.buffer, self.in_place, self.name = items, buffer, in_place, name
         self.dtype = items[0].slot.dtype
         self.count = sum(it.slot.count for it in items)
-        # One engine operation instead of one per key where the arrays allow it (each
-        # operation costs the caller's thread ~0.1 ms; a crowded host's step is bound by CPU):
-        # the gradients' flat views concatenated into the buffer, and the results split
-        # into the outputs' flat views (None: key by key, see run)
-        self.gather_from = _flat_all([it.value for it in items], buffer.context) \
-            if not in_place else None
-        self.scatter_to = _flat_all([it.out if it.out is not None else it.value
-                                     for it in items], buffer.context) \
-            if not in_place else None   # (in place, one device: nothing to copy back)
-        self.starts = tuple(np.cumsum([0] + [it.slot.count for it in items[:-1]]).tolist())
         self.weights: Optional[_Weights] = None   # with an optimizer: see _update
         # the memory MPI reduces. Wait first: MXNet allocates an op's output when the engine
         # runs the op, and a pointer taken before that may point to memory it then replaces
@@ -166,35 +159,15 @@ def check_signature(comm: EngineComm, signature: str, what: str) -> None:
     comm.enqueue(f"the agreement on {what}", check)
 
 
-def _flat_all(arrays: Sequence[List[NDArray]], ctx) -> Optional[List[NDArray]]:
-    """Flat views of one array per key, all on ``ctx`` (None if a key has several devices'
-    arrays or one elsewhere). A view shares its array's engine variable."""
-    if any(len(a) != 1 or a[0].context != ctx for a in arrays):
-        return None
-    return [a[0].reshape((-1,)) for a in arrays]
-
-
 class _Weights:
-    """A bucket's weights as views into one buffer, so the updated weights reach the
-    outputs in one split: the store's weights (``slot.value``) are moved into it once.
-    ``outs`` None: the outputs are taken key by key (several devices, or elsewhere)."""
+    """The weights a bucket's update reads and writes (the store's, ``slot.value``), and the
+    sums it reads: the bucket's views where the weights are, else copies made each step."""
 
     def __init__(self, bucket: EngineBucket):
-        items = bucket.items
-        ctx = items[0].slot.value.context
-        fused = all(it.slot.value.context == ctx for it in items)
-        if fused:
-            buffer = mx.nd.zeros((bucket.count,), ctx=ctx, dtype=bucket.dtype)
-            mx.nd.concat(*[it.slot.value.reshape((-1,)) for it in items], dim=0, out=buffer)
-            for it, start in zip(items, bucket.starts):
-                it.slot.value = buffer[start:start + it.slot.count].reshape(it.slot.shape)
-            self.buffer = buffer
-        self.values = [it.slot.value for it in items]
-        # the sums where the weights are (as_in_context copies, so it runs every step)
-        self.grads = [it.total for it in items] \
-            if all(it.total.context == v.context for it, v in zip(items, self.values)) else None
-        self.outs = _flat_all([it.out if it.out is not None else it.value for it in items],
-                              ctx) if fused else None
+        self.values = [it.slot.value for it in bucket.items]
+        self.grads = [it.total for it in bucket.items] \
+            if all(it.total.context == v.context
+                   for it, v in zip(bucket.items, self.values)) else None
 
     def current(self, bucket: EngineBucket) -> bool:
         """Whether every key's weight is still the one seen here (a new init or another
@@ -204,15 +177,12 @@ class _Weights:
 
 def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> None:
     """Push one step of ``bucket``: gather, allreduce, update or copy back (see module)."""
-    if bucket.gather_from is not None:
-        mx.nd.concat(*bucket.gather_from, dim=0, out=bucket.buffer)
-    else:
-        for it in bucket.items:   # the sum over this worker's devices, into the bucket
-            arrays = it.value
-            if len(arrays) > 1:   # (in place, it.total is the first device's gradient itself)
-                mx.nd.add_n(*[a.as_in_context(it.total.context) for a in arrays], out=it.total)
-            elif not bucket.in_place:
-                arrays[0].copyto(it.total)
+    for it in bucket.items:   # the sum over this worker's devices, into the bucket
+        arrays = it.value
+        if len(arrays) > 1:   # (in place, it.total is the first device's gradient itself)
+            mx.nd.add_n(*[a.as_in_context(it.total.context) for a in arrays], out=it.total)
+        elif not bucket.in_place:
+            arrays[0].copyto(it.total)
     group, view = comm.group, bucket.view
 
     def allreduce() -> None:   # on the communication thread: the only one using group.comm
@@ -227,9 +197,6 @@ def run(bucket: EngineBucket, comm: EngineComm, updater, priority: int = 0) -> N
     comm.submit(bucket.name, [bucket.buffer], allreduce, priority)
     if updater is not None:
         _update(bucket, updater)
-        return
-    if bucket.scatter_to is not None:
-        split_into(bucket.buffer, bucket.starts, bucket.scatter_to)
         return
     for it in bucket.items:
         dst = it.out if it.out is not None else it.value
@@ -248,8 +215,5 @@ def _update(bucket: EngineBucket, updater) -> None:
     grads = weights.grads or [it.total.as_in_context(v.context)
                               for it, v in zip(bucket.items, weights.values)]
     updater([it.key for it in bucket.items], grads, weights.values)
-    if weights.outs is not None:
-        split_into(weights.buffer, bucket.starts, weights.outs)
-        return
     for it in bucket.items:
         copy_to_all(it.slot.value, it.out if it.out is not None else it.value)

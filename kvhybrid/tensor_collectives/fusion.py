@@ -27,17 +27,6 @@ from .ndarray_view import ViewCache, host_view
 
 
 
-def split_into(source: NDArray, starts: Sequence[int], outs: List[NDArray]) -> None:
-    """Copy consecutive parts of a flat ``source`` (starting at ``starts``) into the flat
-    arrays ``outs``, in one engine operation. MXNet's public ``split_v2`` takes no
-    ``out``, so this calls the operator behind it."""
-    if len(outs) == 1:
-        source.copyto(outs[0])
-    else:
-        mx.nd._internal._split_v2(source, indices=tuple(starts), axis=0, squeeze_axis=False,
-                                  sections=0, out=outs)
-
-
 def on_host(arrays: Sequence[NDArray]) -> bool:
     """Whether a tensor's arrays all lie in host memory (else its bucket is staged)."""
     return all(ndarray_view.is_host(a) for a in arrays)
