@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -42,7 +43,7 @@ def local_rows(arrays: Sequence[NDArray],
     if len(arrays) == 1 and is_host(arrays[0]):   # read in place, skipping data's copy
         grad = arrays[0]                           # (its indices were read: it is ready)
         row_shape = (len(ids),) + tuple(grad.shape[1:])
-        view = host_view(grad, grad.dtype, int(np.prod(row_shape, dtype=np.int64)))
+        view = host_view(grad, grad.dtype, math.prod(row_shape))
         return ids, view.reshape(row_shape)
     return ids, np.concatenate([a.data.asnumpy() for a in arrays])
 
@@ -54,7 +55,7 @@ def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, name: str = "ro
         counts = np.array(comm.allgather(len(ids)), dtype=np.int64)
     group.bytes_sent["rows"] += ids.nbytes + rows.nbytes
     ids, flat = np.ascontiguousarray(ids), _wire(np.ascontiguousarray(rows).reshape(-1))
-    width = int(np.prod(rows.shape[1:], dtype=np.int64))
+    width = math.prod(rows.shape[1:])
     all_ids = np.empty(int(counts.sum()), dtype=np.int64)
     all_rows = np.empty((int(counts.sum()),) + rows.shape[1:], dtype=rows.dtype)
     with dog.waiting(lambda: f"allgatherv of {int(counts.sum())} rows of {name} on group "
@@ -80,7 +81,7 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     comm, is_root = group.comm, group.rank == root
     counts = np.array([len(a) for a in arrays], dtype=np.int64)
     table = np.empty((group.size, len(arrays)), dtype=np.int64) if is_root else None
-    widths = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays]
+    widths = [math.prod(a.shape[1:]) for a in arrays]
 
     buffers = []
     with group.watchdog.waiting(lambda: f"the gather of {name} on group {group.name} of "
@@ -119,7 +120,7 @@ def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 
     """Rank r gets ``parts[r]`` (an array of ``count`` rows on rank r) from ``root``,
     which fetched them from the servers: the others wait without spinning. ``out``: where
     they go (C-contiguous, ``count`` rows of ``dtype``), else a new array."""
-    width = int(np.prod(row_shape, dtype=np.int64))
+    width = math.prod(row_shape)
     if out is None:
         out = np.empty((count,) + tuple(row_shape), dtype=dtype)
     with group.watchdog.waiting(lambda: f"rank {root} to hand out the rows of {name} on group "

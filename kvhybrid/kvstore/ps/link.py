@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import copy
 import logging
+import math
 import os
 import time
 from typing import Dict, List, Optional, Tuple
@@ -25,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
+from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
 
 from ...errors import KeyValueError
 from ...tensor_collectives.ndarray_view import (host_array, host_row_sparse, host_view,
@@ -253,13 +255,15 @@ class ServerLink:
                 if part.start == part.stop:
                     continue
                 n = int(bounds[i + 1]) - first
-                out = mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
+                # (not sparse.zeros: an operator call; the pull allocates the rows it gets)
+                out = RowSparseNDArray(_new_alloc_handle("row_sparse", (n,) + tuple(shape[1:]),
+                                                         mx.cpu(), True, dtype, [np.int64]))
                 self._kv.row_sparse_pull(piece_key(index, i), out=out,
                                          row_ids=host_array(ids[part] - first, np.int64))
                 self.requests += 1
                 outs.append((out, part.stop - part.start))
         row_shape = tuple(shape[1:])
-        width = int(np.prod(row_shape, dtype=np.int64))
+        width = math.prod(row_shape)
 
         def rows() -> np.ndarray:
             # read in place (``data`` would copy through the engine once more): MXNet sizes
@@ -349,7 +353,7 @@ class ServerLink:
             shape, dtype = self._shapes[key]
             array = mx.nd.zeros(shape, mx.cpu(), dtype=dtype)
             wait_to_write(array)
-            self._wires[key] = array, host_view(array, dtype, int(np.prod(shape)))
+            self._wires[key] = array, host_view(array, dtype, math.prod(shape))
         return self._wires[key]
 
     def _make_packs(self, keys: List[Key]) -> None:
@@ -367,7 +371,7 @@ class ServerLink:
             if np.dtype(dtype).kind == "f":
                 kid = self._ids[key]
                 groups.setdefault((kid * 9973 % self.num_servers, np.dtype(dtype)), []).append(
-                    (key, kid, int(np.prod(shape))))
+                    (key, kid, math.prod(shape)))
         new = []
         for (server, dtype), candidates in groups.items():   # first-seen order: every master's
             for members in packs.plan(candidates, packs.big_array_bound()):
