@@ -26,7 +26,6 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
-from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
 
 from ...errors import KeyValueError
 from ...tensor_collectives.ndarray_view import (host_array, host_row_sparse, host_view,
@@ -255,9 +254,7 @@ class ServerLink:
                 if part.start == part.stop:
                     continue
                 n = int(bounds[i + 1]) - first
-                # (not sparse.zeros: an operator call; the pull allocates the rows it gets)
-                out = RowSparseNDArray(_new_alloc_handle("row_sparse", (n,) + tuple(shape[1:]),
-                                                         mx.cpu(), True, dtype, [np.int64]))
+                out = mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
                 self._kv.row_sparse_pull(piece_key(index, i), out=out,
                                          row_ids=host_array(ids[part] - first, np.int64))
                 self.requests += 1
