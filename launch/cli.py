@@ -45,7 +45,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="kvhybrid-launch", description=__doc__.split("\n\n")[0],
         epilog="Set for every process unless already set: "
-               + ", ".join(f"{k}={v}" for k, v in DEFAULT_ENV.items()))
+               + ", ".join(f"{k}={v}" for k, v in DEFAULT_ENV.items())
+               + ", and OMP_NUM_THREADS=the host's cores / its workers and servers (at least "
+                 "1), as torchrun does")
     p.add_argument("-n", "--num-workers", type=int, metavar="N",
                    help="number of worker processes (MPI ranks, all client groups together); "
                         "with --launcher slurm, default: the allocation's tasks")
@@ -212,8 +214,28 @@ class Job:
                 env["PS_HEARTBEAT_TIMEOUT"] = str(HEARTBEAT_TIMEOUT)
         return env
 
+    def _procs(self, host: str) -> int:
+        """Workers and servers on ``host`` (the scheduler only waits)."""
+        plan = self.plan
+        return sum(k for c in plan.clients for h, k in c.ranks if h == host) \
+            + plan.server_hosts.count(host)
+
+    def omp_env(self, hosts) -> Dict[str, str]:
+        """OMP_NUM_THREADS for processes on ``hosts``: each host's cores shared among its
+        workers and servers, at least 1 (hosts alike assumed, as ``_crowded``), unless the user
+        set it. MXNet's operators otherwise start a thread per core in every process, whose
+        waits spin: 4 workers and a server on 2 cores took 26-30 ms an NMT step instead of
+        19-21 (docs/performance.md, "Stop 32")."""
+        if "OMP_NUM_THREADS" in self.base_env:
+            return {}
+        cores = os.cpu_count() or 1
+        return {"OMP_NUM_THREADS": str(max(1, min(cores // max(1, self._procs(h))
+                                                  for h in hosts)))}
+
     def _ps_node(self, role: str, host: str):
         env = self.dmlc_env(role, host)
+        if role == "server":
+            env.update(self.omp_env([host]))
         if host in self.secret_files:
             env[SECRET_FILE_VAR] = self.secret_files[host]
         # MXNet's loop, but commands are unpickled only when signed with the job's secret
@@ -221,7 +243,8 @@ class Job:
         return wrap(self.transport, host, cmd, env, self.base_env), {**self.base_env, **env}
 
     def client(self, c):
-        env = {**self.dmlc_env("worker", c.master_host), "KVHYBRID_CLIENT_ID": str(c.client)}
+        env = {**self.dmlc_env("worker", c.master_host), "KVHYBRID_CLIENT_ID": str(c.client),
+               **self.omp_env({h for h, _ in c.ranks})}
         full = {**self.base_env, **env}
         hosts = None
         if self.transport in ("ssh", "slurm") \
@@ -249,9 +272,7 @@ class Job:
 
     def _crowded(self, host: str) -> bool:
         """More processes on ``host`` than this machine has cores (hosts alike assumed)."""
-        plan = self.plan
-        procs = sum(k for c in plan.clients for h, k in c.ranks if h == host)
-        procs += plan.server_hosts.count(host) + (plan.scheduler_host == host)
+        procs = self._procs(host) + (self.plan.scheduler_host == host)
         return procs > (os.cpu_count() or 1)
 
     def commands(self) -> List[str]:
@@ -268,7 +289,7 @@ class Job:
     def _show(self, name: str, cmd: List[str], env: Dict[str, str]) -> str:
         settings = " ".join(f"{k}={shlex.quote(v) if k != SECRET_VAR else '<secret>'}"
                             for k, v in sorted(env.items())
-                            if k.startswith(("DMLC_", "KVHYBRID_", "PS_")) or k in DEFAULT_ENV)
+                            if k.startswith(("DMLC_", "KVHYBRID_", "PS_", "OMP_")) or k in DEFAULT_ENV)
         return f"  {name}: {settings} {shlex.join(cmd)}".rstrip()
 
     def run(self, sup: Supervisor) -> int:

@@ -113,6 +113,23 @@ def test_dry_run_prints_table_and_the_commands_to_run_by_hand():
     assert "KVHYBRID_CLIENT_ID=1" in r.stdout and "mpirun -np 2" in r.stdout
 
 
+def test_omp_threads_share_the_host_among_workers_and_servers_unless_the_user_sets_them():
+    import os
+    env = job_env()
+    env.pop("OMP_NUM_THREADS", None)
+    args = LAUNCH + ["-n", "4", "--clients", "1", "--servers", "1", "--dry-run", "python",
+                     "examples/train_mlp.py"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    share = max(1, (os.cpu_count() or 1) // 5)   # 4 workers and a server on this host
+    assert re.findall(r"OMP_NUM_THREADS=(\d+)", r.stdout) == [str(share)] * 2   # server, client
+    assert "-x OMP_NUM_THREADS" in r.stdout   # mpirun hands it to every rank
+    env["OMP_NUM_THREADS"] = "3"
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert set(re.findall(r"OMP_NUM_THREADS=(\d+)", r.stdout)) == {"3"}
+
+
 def test_interface_names_the_address_processes_advertise():
     r = launch("-n", 2, "--clients", 2, "--servers", 1, "--interface", "lo", "--dry-run",
                "python", "examples/train_mlp.py")
