@@ -19,8 +19,8 @@ as PyTorch DDP's reducer does. Each step, per bucket:
 
 Copies in and out are one ``copyto`` per key, memory copies. One ``concat`` in and one
 ``split`` out would push fewer operations, but their kernels compute each element's place
-(a division and a search per element): an NMT step's 0.5 MB split took 0.86 ms of CPU, its
-six copies 0.06 ms with their Python (``benchmarks/engine_copies.py``).
+(a division and a search per element): an NMT step's 0.47 MB split took 0.89 ms of CPU, its
+six copies 0.07 ms with their Python (``benchmarks/engine_copies.py``).
 
 ``pushpull`` returns after pushing all of this: nothing on the caller's thread waits for
 communication. Results are the blocking path's: the same sums of the same arrays.
