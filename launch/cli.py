@@ -232,6 +232,19 @@ class Job:
         return {"OMP_NUM_THREADS": str(max(1, min(cores // max(1, self._procs(h))
                                                   for h in hosts)))}
 
+    def omp_summary(self) -> Optional[str]:
+        """The line under the sizing table that says what ``omp_env`` chose, and how to
+        choose otherwise (None when the user set it)."""
+        plan = self.plan
+        hosts = sorted({h for c in plan.clients for h, _ in c.ranks} | set(plan.server_hosts))
+        chosen = {h: self.omp_env([h]).get("OMP_NUM_THREADS") for h in hosts}
+        if not hosts or None in chosen.values():
+            return None
+        shares = ", ".join(f"{h}: {os.cpu_count() or 1} cores ÷ {self._procs(h)} processes"
+                           for h in hosts)
+        return (f"operator threads: OMP_NUM_THREADS={min(int(v) for v in chosen.values())} per "
+                f"worker and server ({shares}); set OMP_NUM_THREADS to choose")
+
     def _ps_node(self, role: str, host: str):
         env = self.dmlc_env(role, host)
         if role == "server":
@@ -287,9 +300,10 @@ class Job:
         return lines
 
     def _show(self, name: str, cmd: List[str], env: Dict[str, str]) -> str:
+        shown = ("DMLC_", "KVHYBRID_", "PS_", "OMP_")
         settings = " ".join(f"{k}={shlex.quote(v) if k != SECRET_VAR else '<secret>'}"
                             for k, v in sorted(env.items())
-                            if k.startswith(("DMLC_", "KVHYBRID_", "PS_", "OMP_")) or k in DEFAULT_ENV)
+                            if k.startswith(shown) or k in DEFAULT_ENV)
         return f"  {name}: {settings} {shlex.join(cmd)}".rstrip()
 
     def run(self, sup: Supervisor) -> int:
@@ -398,6 +412,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"kvhybrid-launch: error: {exc}", file=sys.stderr)
         return 2
     print(format_table(plan, {"scheduler": job.port}), flush=True)
+    if job.omp_summary():
+        print(job.omp_summary(), flush=True)
     if args.dry_run:
         print("commands (the same job by hand):\n" + "\n".join(job.commands()), flush=True)
         shutil.rmtree(job.tmpdir, ignore_errors=True)

@@ -122,12 +122,15 @@ def test_omp_threads_share_the_host_among_workers_and_servers_unless_the_user_se
     r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     share = max(1, (os.cpu_count() or 1) // 5)   # 4 workers and a server on this host
-    assert re.findall(r"OMP_NUM_THREADS=(\d+)", r.stdout) == [str(share)] * 2   # server, client
+    commands = r.stdout.split("commands (the same job by hand)")[1]
+    assert re.findall(r"OMP_NUM_THREADS=(\d+)", commands) == [str(share)] * 2   # server, client
     assert "-x OMP_NUM_THREADS" in r.stdout   # mpirun hands it to every rank
+    assert f"operator threads: OMP_NUM_THREADS={share} per worker and server" in r.stdout
     env["OMP_NUM_THREADS"] = "3"
     r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert set(re.findall(r"OMP_NUM_THREADS=(\d+)", r.stdout)) == {"3"}
+    assert "operator threads" not in r.stdout   # the user's own choice needs no line
 
 
 def test_interface_names_the_address_processes_advertise():
