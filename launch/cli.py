@@ -220,29 +220,30 @@ class Job:
         return sum(k for c in plan.clients for h, k in c.ranks if h == host) \
             + plan.server_hosts.count(host)
 
+    def _omp_threads(self, host: str) -> int:
+        """``host``'s cores shared among its workers and servers, at least 1 (hosts alike
+        assumed, as ``_crowded``)."""
+        return max(1, (os.cpu_count() or 1) // max(1, self._procs(host)))
+
     def omp_env(self, hosts) -> Dict[str, str]:
-        """OMP_NUM_THREADS for processes on ``hosts``: each host's cores shared among its
-        workers and servers, at least 1 (hosts alike assumed, as ``_crowded``), unless the user
-        set it. MXNet's operators otherwise start a thread per core in every process, whose
-        waits spin: 4 workers and a server on 2 cores took 26-30 ms an NMT step instead of
-        19-21 (docs/performance.md, "Stop 32")."""
+        """OMP_NUM_THREADS for processes on ``hosts`` (the least of their shares), unless the
+        user set it. MXNet's operators otherwise start a thread per core in every process,
+        whose waits spin: 4 workers and a server on 2 cores took 26-30 ms an NMT step
+        instead of 19-21 (docs/performance.md, "Stop 32")."""
         if "OMP_NUM_THREADS" in self.base_env:
             return {}
-        cores = os.cpu_count() or 1
-        return {"OMP_NUM_THREADS": str(max(1, min(cores // max(1, self._procs(h))
-                                                  for h in hosts)))}
+        return {"OMP_NUM_THREADS": str(min(self._omp_threads(h) for h in hosts))}
 
     def omp_summary(self) -> Optional[str]:
         """The line under the sizing table that says what ``omp_env`` chose, and how to
         choose otherwise (None when the user set it)."""
+        if "OMP_NUM_THREADS" in self.base_env:
+            return None
         plan = self.plan
         hosts = sorted({h for c in plan.clients for h, _ in c.ranks} | set(plan.server_hosts))
-        chosen = {h: self.omp_env([h]).get("OMP_NUM_THREADS") for h in hosts}
-        if not hosts or None in chosen.values():
-            return None
         shares = ", ".join(f"{h}: {os.cpu_count() or 1} cores ÷ {self._procs(h)} processes"
                            for h in hosts)
-        return (f"operator threads: OMP_NUM_THREADS={min(int(v) for v in chosen.values())} per "
+        return (f"operator threads: OMP_NUM_THREADS={min(map(self._omp_threads, hosts))} per "
                 f"worker and server ({shares}); set OMP_NUM_THREADS to choose")
 
     def _ps_node(self, role: str, host: str):
@@ -412,8 +413,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"kvhybrid-launch: error: {exc}", file=sys.stderr)
         return 2
     print(format_table(plan, {"scheduler": job.port}), flush=True)
-    if job.omp_summary():
-        print(job.omp_summary(), flush=True)
+    threads = job.omp_summary()
+    if threads:
+        print(threads, flush=True)
     if args.dry_run:
         print("commands (the same job by hand):\n" + "\n".join(job.commands()), flush=True)
         shutil.rmtree(job.tmpdir, ignore_errors=True)
