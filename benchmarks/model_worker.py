@@ -145,6 +145,7 @@ def main(argv=None) -> None:
                 if hasattr(kv, "collectives") else {})
     hidden = hidden_fractions(kv.engine.timeline, timed) \
         if getattr(kv, "engine", None) is not None else []
+    os.makedirs(args.out, exist_ok=True)   # (run by hand, --out may not exist yet)
     with open(os.path.join(args.out, f"wire-rank{rank}.json"), "w") as f:
         json.dump({"steps": args.steps - args.warmup, "cpu_ms_per_step": cpu_ms,
                    "interfaces": {k: v - wire_start.get(k, 0) for k, v in wire_end.items()}}, f)
