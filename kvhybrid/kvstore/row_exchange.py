@@ -82,6 +82,8 @@ class Prefetch:
     def __init__(self, key: Key, ids: np.ndarray):
         self.key, self.ids = key, ids          # this rank's sorted unique ids
         self.rows: Optional[np.ndarray] = None
+        #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was
+        self.handed: Optional[np.ndarray] = None
         #: the rows as a host row_sparse array, built by the communication thread: a pull
         #: of exactly ``ids`` copies it into its out, waiting for nothing
         self.array: Optional[NDArray] = None
@@ -235,17 +237,22 @@ def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
     broadcast_array(into, 0, group, name=f"key {key!r} from the servers", patient=True)
 
 
-def _unique_ids(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:
-    ids = np.unique(row_ids.asnumpy().astype(np.int64).reshape(-1))
+def _unique_ids(row_ids: NDArray, rows: int, key: Key, known=None) -> np.ndarray:
+    ids = row_ids.asnumpy().astype(np.int64).reshape(-1)
+    if known is not None and np.array_equal(ids, known[0]):   # checked when handed over
+        return known[1]
+    ids = np.unique(ids)
     if len(ids) and (ids[0] < 0 or ids[-1] >= rows):
         raise KeyValueError(f"row_ids of key {key!r} hold {ids[0] if ids[0] < 0 else ids[-1]}, "
                             f"outside the table's {rows} rows: pass ids in [0, {rows})")
     return ids
 
 
-def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray],
-                    row_ids: List[NDArray]) -> List[np.ndarray]:
-    """Each out's sorted unique ids; raises KeyValueError on bad arguments."""
+def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray], row_ids: List[NDArray],
+                    known: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> List[np.ndarray]:
+    """Each out's sorted unique ids; raises KeyValueError on bad arguments. ``known``:
+    (ids, their sorted unique ids), checked already: row_ids equal to those (in their
+    order: the ids of the batch ``prefetch_rows`` was handed) are not sorted again."""
     if len(row_ids) != len(outs):
         raise KeyValueError(f"row_sparse_pull of key {key!r} got {len(outs)} out array(s) and "
                             f"{len(row_ids)} row_ids: pass one row_ids array per out array")
@@ -257,7 +264,7 @@ def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray],
         if not isinstance(r, NDArray):
             raise KeyValueError(f"row_ids of key {key!r} must be NDArrays, got "
                                 f"{type(r).__name__}")
-    return [_unique_ids(r, slot.shape[0], key) for r in row_ids]
+    return [_unique_ids(r, slot.shape[0], key, known) for r in row_ids]
 
 
 def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -> None:

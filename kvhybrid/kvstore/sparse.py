@@ -66,6 +66,7 @@ class SparsePath:
         #: Gluon's key index -> Parameter name (set_optimizer), for KVHYBRID_ROUTES and stats
         self.param_names: Dict[Key, str] = {}
         self._prefetch_ids: Dict[Key, np.ndarray] = {}       # asked for, sent with the next push
+        self._prefetch_handed: Dict[Key, np.ndarray] = {}    # the same ids as handed over
         self._prefetched: Dict[Key, rx.Prefetch] = {}        # on their way, for the next pull
         self._unsettled: Deque[rx.PullCheck] = collections.deque()   # see settle_pulls
         self._settling = False
@@ -179,6 +180,7 @@ class SparsePath:
                                           self.hand_out_group, call)
         for p, prefetch in zip(pushes, prefetches):
             self._prefetched[p.key] = prefetch
+            prefetch.handed = self._prefetch_handed.pop(p.key, None)
         return True
 
     def _prefetches_at_push(self, key) -> bool:
@@ -222,9 +224,11 @@ class SparsePath:
             self._prefetched[key], = rx.push_and_prefetch(
                 [push], self.row_group, self.servers, self.engine, self.hand_out_group,
                 (None, "agreed"))   # the call agreed already
+            self._prefetched[key].handed = self._prefetch_handed.pop(key, None)
         elif slot.rows_on_servers:
             rx.push_to_servers(key, slot, arrays, ids, self.row_group, self.servers)
             self._prefetch_ids.pop(key, None)
+            self._prefetch_handed.pop(key, None)
         else:
             rx.push_in_group(key, slot, arrays, ids, self.group, updater)
 
@@ -305,6 +309,11 @@ class SparsePath:
                 check_matches(k, slots[-1], o, "out")
             return outs, slots, f"row_sparse_pull {keys_text(outs)}"
 
+        # a pull of the ids prefetch_rows was handed, in their order, skips their sort
+        prefetch = self._prefetched.get(key) if is_key(key) else None
+        known = (prefetch.handed, prefetch.ids) \
+            if prefetch is not None and prefetch.handed is not None else None
+
         def build():
             if out is None or row_ids is None:
                 raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
@@ -321,7 +330,7 @@ class SparsePath:
             work = []
             for (k, o), slot, ids in zip(outs, slots, ids_per_key):
                 ids = [ids] * len(o) if isinstance(ids, mx.nd.NDArray) else list(ids)
-                work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids)))
+                work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids, known)))
             return work, signature
 
         if is_key(key) and key in self._prefetched:
@@ -432,6 +441,7 @@ class SparsePath:
                                 f"the table's {slot.shape[0]} rows: pass ids in "
                                 f"[0, {slot.shape[0]})")
         self._prefetch_ids[key] = unique
+        self._prefetch_handed[key] = parts[0] if len(parts) == 1 else None
 
     def _wait_for_prefetch(self, prefetch: rx.Prefetch) -> None:
         with self.group.watchdog.waiting(lambda: f"the prefetched rows of key {prefetch.key!r}",
@@ -458,4 +468,5 @@ class SparsePath:
             self.hand_out_group.close()
         self._unsettled.clear()
         self._prefetch_ids.clear()
+        self._prefetch_handed.clear()
         self._prefetched.clear()
