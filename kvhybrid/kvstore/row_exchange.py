@@ -13,6 +13,7 @@ Only the rows touched travel, so traffic scales with α, not with the table.
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -23,11 +24,10 @@ from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
-from ..tensor_collectives.ops import wait_patiently
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ndarray_view import host_row_sparse, new_host_row_sparse
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
-                                       scatter_rows, sum_rows)
+                                       scatter_bytes, scatter_rows, sum_rows)
 from .agreement import digest, explain
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
@@ -111,8 +111,9 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     of its next ids (ps-lite sends them after the push, so they come back updated); the
     communication thread (``comm``) waits for them and hands each rank its own over
     ``hand_out_group`` (``group``'s ranks on a communicator of that thread), while the
-    caller's thread goes on. If they differ, nothing is pushed: the communication
-    thread hands every rank the verdict, and every rank raises it at its next call."""
+    caller's thread goes on: one message to each rank carries the verdict and every key's
+    rows. If the calls differ, nothing is pushed: the message carries the verdict only
+    (and room for the rows), and every rank raises it at its next call."""
     arrays = []
     for p in pushes:
         if p.arrays is None:
@@ -133,10 +134,10 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     if group.rank == 0:
         calls = gathered[-1][0].reshape(-1, 2)   # (error flag, digest) per rank
         failed = bool(calls[:, 0].any()) or len(set(calls[:, 1].tolist())) > 1
-        for n, p in enumerate(pushes if not failed else []):
+        for n, p in enumerate(pushes):
             (all_ids, _), (all_rows, _), (nexts, counts) = gathered[3 * n:3 * n + 3]
             union, fetch = np.unique(nexts), None
-            if servers is not None:
+            if servers is not None and not failed:
                 summed_ids, summed = sum_rows(all_ids, all_rows)
                 group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
                 servers.push_rows(p.key, summed_ids, summed, p.slot.shape, p.slot.dtype)
@@ -144,36 +145,56 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                     fetch = servers.start_pull_rows(p.key, union, p.slot.shape, p.slot.dtype)
             fetches[n] = (union, by_rank(nexts, counts), fetch)
 
+    row_bytes = [p.slot.dtype.itemsize * math.prod(p.slot.shape[1:]) for p in pushes]
+
     def hand_out() -> None:   # on the communication thread, every rank of the group
         # the rows' arrays first: their indices' engine round trips are made while the
-        # master still waits for the servers, not after, and the rows arrive in their memory
+        # master still waits for the servers, not after
         made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]
-        verdict = np.array([failed], np.int64)
-        with hand_out_group.watchdog.waiting(lambda: f"rank 0's verdict on the push of "
-                                                     f"key(s) {keys}"):
-            wait_patiently(hand_out_group.comm.Ibcast(verdict, root=0))
-            if verdict[0]:   # rare: the calls' texts; the thread stops, every rank raises
-                details = hand_out_group.comm.gather(call, root=0)
-                text = explain("push", details) if hand_out_group.rank == 0 else None
-                raise KeyValueError(hand_out_group.comm.bcast(text, root=0))
-        for p, prefetch, (array, values), fetched in zip(pushes, prefetches, made, fetches):
-            row_shape, dtype = p.slot.shape[1:], p.slot.dtype
-            parts = None
-            if hand_out_group.rank == 0:
-                union, wanted, fetch = fetched
-                with hand_out_group.watchdog.waiting(
-                        lambda: f"the parameter servers to return {len(union)} prefetched "
-                                f"rows of key {p.key!r}", collective=False, outward=True):
-                    table = fetch() if fetch is not None else np.zeros((0,) + row_shape, dtype)
-                parts = [table[np.searchsorted(union, w)] for w in wanted]
-            prefetch.rows = scatter_rows(parts, row_shape, dtype, len(p.next_ids),
-                                         hand_out_group, name=f"key {p.key!r} (prefetched)",
-                                         out=values)
-            prefetch.array = array
+        messages = _hand_out_messages(pushes, fetches, row_bytes, failed, hand_out_group) \
+            if hand_out_group.rank == 0 else None
+        got = scatter_bytes(messages, 8 + sum(len(p.next_ids) * b
+                                              for p, b in zip(pushes, row_bytes)),
+                            hand_out_group, name=f"the verdict on the push of key(s) {keys} "
+                                                 "and the prefetched rows")
+        if got[:8].view(np.int64)[0]:   # rare: the calls' texts; the thread stops, all raise
+            details = hand_out_group.comm.gather(call, root=0)
+            text = explain("push", details) if hand_out_group.rank == 0 else None
+            raise KeyValueError(hand_out_group.comm.bcast(text, root=0))
+        start = 8
+        for p, prefetch, (array, values), size in zip(pushes, prefetches, made, row_bytes):
+            end = start + len(p.next_ids) * size
+            values.reshape(-1).view(np.uint8)[:] = got[start:end]
+            start = end
+            prefetch.rows, prefetch.array = values, array
             prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
 
     comm.enqueue(f"the prefetched rows of key(s) {keys}", hand_out)
     return prefetches
+
+
+def _hand_out_messages(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int],
+                       failed: bool, group: Group) -> List[np.ndarray]:
+    """The master's message to each rank of ``push_and_prefetch``'s hand-out: the verdict
+    (an int64), then each key's rows the rank asked for, as bytes (zeros if the calls
+    differed: nothing was fetched). Waits for the servers' rows."""
+    tables = []
+    for p, (union, _, fetch) in zip(pushes, fetches):
+        with group.watchdog.waiting(lambda: f"the parameter servers to return {len(union)} "
+                                            f"prefetched rows of key {p.key!r}",
+                                    collective=False, outward=True):
+            tables.append(fetch() if fetch is not None else None)
+    verdict = np.array([failed], np.int64).view(np.uint8)
+    messages = []
+    for r in range(group.size):
+        parts = [verdict]
+        for (union, wanted, _), table, size in zip(fetches, tables, row_bytes):
+            if failed or table is None:   # (no rows asked for, or the calls differed)
+                parts.append(np.zeros(len(wanted[r]) * size, np.uint8))
+            else:
+                parts.append(table[np.searchsorted(union, wanted[r])].reshape(-1).view(np.uint8))
+        messages.append(np.concatenate(parts))
+    return messages
 
 
 class PullCheck:

@@ -134,6 +134,22 @@ def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 
     return out
 
 
+def scatter_bytes(parts: Optional[List[np.ndarray]], count: int, group: Group, root: int = 0,
+                  name: str = "rows") -> np.ndarray:
+    """Rank r gets ``parts[r]`` (bytes: uint8, ``count`` of them on rank r) from ``root``:
+    one message to each rank however many arrays the caller packed into it (``scatter_rows``
+    takes one). The others wait without spinning."""
+    out = np.empty(count, dtype=np.uint8)
+    with group.watchdog.waiting(lambda: f"rank {root} to hand out {name} on group "
+                                        f"{group.name}"):
+        if group.rank == root:
+            sizes = np.array([len(p) for p in parts], dtype=np.int64)
+            group.comm.Iscatterv([np.concatenate(parts), sizes], out, root=root).Wait()
+        else:
+            wait_patiently(group.comm.Iscatterv(None, out, root=root))
+    return out
+
+
 def sum_rows(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Sorted unique ids and the sum of the rows of each id (a valid row_sparse layout)."""
     if len(ids) == 0:
