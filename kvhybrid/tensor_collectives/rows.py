@@ -75,39 +75,36 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     ``comm.gather`` would pickle, and its ranks would spin until the root arrives: on a host
     with more processes than cores they take the CPU from the ranks still computing (the
     root waits for the slowest backward pass). Here the lengths travel in one ``Igather``
-    and the arrays in one ``Igatherv`` each, and the ranks that only send post them all at
-    once and wait for them together without spinning (``wait_all_patiently``); the root,
-    the one rank that must go on at once, waits on MPI."""
+    and every array of a rank, packed as bytes, in one ``Igatherv`` (one message per rank
+    however many arrays); the ranks that only send post both at once and wait for them
+    without spinning (``wait_all_patiently``); the root, the one rank that must go on at
+    once, waits on MPI."""
     comm, is_root = group.comm, group.rank == root
     counts = np.array([len(a) for a in arrays], dtype=np.int64)
+    units = np.array([a.dtype.itemsize * math.prod(a.shape[1:]) for a in arrays], np.int64)
+    packed = np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                             for a in arrays])
     table = np.empty((group.size, len(arrays)), dtype=np.int64) if is_root else None
-    widths = [math.prod(a.shape[1:]) for a in arrays]
-
-    buffers = []
     with group.watchdog.waiting(lambda: f"the gather of {name} on group {group.name} of "
                                         f"{group.size} ranks"):
         first = comm.Igather(counts, table, root=root)
-        if is_root:   # the lengths first: they size the receive buffers
+        if is_root:   # the lengths first: they size the receive buffer
             first.Wait()
-        requests = [] if is_root else [first]
-        for i, (a, width) in enumerate(zip(arrays, widths)):
-            flat = _wire(np.ascontiguousarray(a).reshape(-1))
-            if is_root:
-                sizes = table[:, i] * width
-                buf = np.empty(int(sizes.sum()), dtype=a.dtype)
-                requests.append(comm.Igatherv(flat, [_wire(buf), sizes], root=root))
-                buffers.append(buf)
-            else:
-                requests.append(comm.Igatherv(flat, None, root=root))
-        if is_root:
-            group.MPI.Request.Waitall(requests)
-        else:   # all posted at once: one patient wait, not one per request
-            wait_all_patiently(requests, group.MPI)
-    group.bytes_sent["rows"] += sum(a.nbytes for a in arrays)
+            sizes = table @ units   # bytes from each rank
+            buf = np.empty(int(sizes.sum()), dtype=np.uint8)
+            comm.Igatherv(packed, [buf, sizes], root=root).Wait()
+        else:
+            wait_all_patiently([first, comm.Igatherv(packed, None, root=root)], group.MPI)
+    group.bytes_sent["rows"] += packed.nbytes
     if not is_root:
         return None
-    return [(buf.reshape((-1,) + a.shape[1:]), table[:, i])
-            for i, (a, buf) in enumerate(zip(arrays, buffers))]
+    out, offsets = [], np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    for i, a in enumerate(arrays):   # each position's parts, rank after rank
+        lengths = table[:, i] * units[i]
+        whole = np.concatenate([buf[o:o + n] for o, n in zip(offsets, lengths)])
+        out.append((whole.view(a.dtype).reshape((-1,) + a.shape[1:]), table[:, i]))
+        offsets = offsets + lengths
+    return out
 
 
 def by_rank(whole: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:
