@@ -141,7 +141,7 @@ def scatter_bytes(parts: Optional[List[np.ndarray]], count: int, group: Group, r
                                         f"{group.name}"):
         if group.rank == root:
             sizes = np.array([len(p) for p in parts], dtype=np.int64)
-            group.comm.Iscatterv([np.concatenate(parts), sizes], out, root=root).Wait()
+            wait_patiently(group.comm.Iscatterv([np.concatenate(parts), sizes], out, root=root))
         else:
             wait_patiently(group.comm.Iscatterv(None, out, root=root))
     return out
