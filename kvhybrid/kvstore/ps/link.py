@@ -121,10 +121,6 @@ class ServerLink:
             self._kv = mx.kv.create(mode)
         self._ids: Dict[Key, int] = {}
         self._bounds: Dict[Key, np.ndarray] = {}   # row ranges of each table's pieces
-        #: per piece (ps-lite key, shape, dtype): the row_sparse arrays of finished pulls,
-        #: each taken again by a later pull of the piece (MXNet writes a pull's rows into
-        #: the array it is given, as Gluon's own weights are reused every step)
-        self._pull_outs: Dict[tuple, List[NDArray]] = {}
         self._probes = 0  # probe keys count down from PROBE_KEY_TOP
         #: small keys travel packed once the servers run kvhybrid's optimizer (packs.py);
         #: ``take_over`` sets these from the store's config (KVHYBRID_PACK_KEYS)
@@ -258,14 +254,11 @@ class ServerLink:
                 if part.start == part.stop:
                     continue
                 n = int(bounds[i + 1]) - first
-                free = self._pull_outs.setdefault(
-                    (piece_key(index, i), n, np.dtype(dtype).str), [])
-                out = free.pop() if free else \
-                    mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
+                out = mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
                 self._kv.row_sparse_pull(piece_key(index, i), out=out,
                                          row_ids=host_array(ids[part] - first, np.int64))
                 self.requests += 1
-                outs.append((out, part.stop - part.start, free))
+                outs.append((out, part.stop - part.start))
         row_shape = tuple(shape[1:])
         width = math.prod(row_shape)
 
@@ -273,13 +266,10 @@ class ServerLink:
             # read in place (``data`` would copy through the engine once more): MXNet sizes
             # a row_sparse pull's out to one row per id asked for, ids sorted and unique
             parts = []
-            for out, count, _ in outs:
+            for out, count in outs:
                 out.wait_to_read()
                 parts.append(host_view(out, dtype, count * width).reshape((count,) + row_shape))
-            table = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
-            for out, _, free in outs:   # read: a later pull may write it (from any thread)
-                free.append(out)
-            return table
+            return np.concatenate(parts) if len(parts) > 1 else parts[0]
         return rows
 
     def init(self, key: Key, value: NDArray, out: NDArray) -> None:
