@@ -6,7 +6,8 @@
 - ``gather_patiently`` / ``scatter_rows``: Parallax's local aggregation around the
   parameter servers. The master gathers the group's rows (and sums them) before
   it pushes, and hands each rank the rows it asked for after it pulls; the ranks
-  waiting for the master wait without spinning.
+  waiting for the master wait without spinning. ``scatter_bytes`` hands each rank
+  one message packed by the caller (several keys' rows and a verdict at once).
 """
 from __future__ import annotations
 
