@@ -3,7 +3,8 @@
 dtypes float16/32/64, int32/64, uint8; sizes 0, 1, odd, not divisible by the
 number of ranks; 1 and 2 devices per rank; the zero-copy host path and the
 staging path that arrays on an accelerator take; and the store's fused pushpull of many keys
-in one call (several buckets, mixed dtypes, in place and into out).
+in one call (several buckets, mixed dtypes, in place and into out); and the row exchange
+of a group master, whose messages pack several arrays of mixed dtypes.
 """
 import json
 
@@ -39,3 +40,14 @@ def test_fused_pushpull_matches_numpy_in_several_buckets(results):
 @pytest.mark.parametrize("path", ["direct", "staged"])
 def test_both_data_paths_ran(results, path):
     assert any(f"-{path}-" in name for name in results)
+
+
+def test_row_exchange_packs_arrays_of_mixed_dtypes_into_one_message_each_way(results):
+    """``gather_patiently`` (int64 ids, float16 rows of a 2-D row shape, float32 rows; lengths
+    differing by rank, one empty) and ``scatter_bytes`` (a message of its own length to each
+    rank): every array arrives intact, in rank order, with each rank's length."""
+    rows = {name: r for name, r in results.items() if name.startswith("rows-")}
+    assert sorted(rows) == ["rows-gather-position0", "rows-gather-position1",
+                            "rows-gather-position2", "rows-gather_elsewhere_none",
+                            "rows-scatter"], sorted(rows)
+    assert all(r["ok"] for r in rows.values()), rows

@@ -1,4 +1,5 @@
-"""allreduce / broadcast of NDArray tensors against numpy, for many dtypes and sizes.
+"""allreduce / broadcast of NDArray tensors against numpy, for many dtypes and sizes, and the
+master's row exchange (a packed gather and a packed message to each rank).
 
 argv: OUT_JSON. Each case: every rank builds rank-specific data, runs the
 collective, and records the max error against numpy's result.
@@ -12,6 +13,7 @@ import mxnet as mx
 
 import kvhybrid  # noqa: F401  registers hybrid-mpi
 from kvhybrid.tensor_collectives import allreduce, broadcast, fusion, ops
+from kvhybrid.tensor_collectives.rows import gather_patiently, scatter_bytes
 
 kv = mx.kv.create("hybrid-mpi")
 group, rank, size = kv.group, kv.rank, kv.num_workers
@@ -90,6 +92,42 @@ for staged in (False, True):
             want = fn(want, data(9, "float32", r))
         allreduce(a, op=op, group=group)
         check(f"allreduce-{op}-{'staged' if staged else 'direct'}", a.asnumpy(), want, "float32")
+
+# The master's row exchange (rows.py): each rank's arrays of mixed dtypes and row shapes in one
+# packed gather, the lengths differing by rank (rank 1's second array empty); and one packed
+# message from the master to each rank, of a length of its own.
+
+
+def rank_arrays(r):
+    lengths = [3 * r + 1, 0 if r == 1 else r + 2, 5]
+    rng = np.random.RandomState(77 + r)
+    return [rng.randint(0, 10**6, size=lengths[0]).astype(np.int64),
+            rng.standard_normal((lengths[1], 3, 2)).astype(np.float16),
+            rng.standard_normal((lengths[2], 4)).astype(np.float32)]
+
+
+def message(r):
+    return np.concatenate([np.arange(r, dtype=np.int64).view(np.uint8),
+                           rank_arrays(r)[1].reshape(-1).view(np.uint8)])
+
+
+gathered = gather_patiently(rank_arrays(rank), group, root=0, name="the test's rows")
+got = scatter_bytes([message(r) for r in range(size)] if rank == 0 else None,
+                    len(message(rank)), group, name="the test's messages")
+mine = {"scatter": bool(got.dtype == np.uint8 and np.array_equal(got, message(rank))),
+        "gather_elsewhere_none": rank == 0 or gathered is None}
+everyone = group.comm.gather(mine, root=0)
+if rank == 0:
+    for i in range(3):
+        whole, counts = gathered[i]
+        parts = [rank_arrays(r)[i] for r in range(size)]
+        want = np.concatenate(parts)
+        ok = (whole.dtype == want.dtype and whole.shape == want.shape
+              and np.array_equal(whole, want) and list(counts) == [len(p) for p in parts])
+        results[f"rows-gather-position{i}"] = {"err": 0.0 if ok else 1.0, "ok": bool(ok)}
+    for what in ("scatter", "gather_elsewhere_none"):
+        ok = all(m[what] for m in everyone)
+        results[f"rows-{what}"] = {"err": 0.0 if ok else 1.0, "ok": ok}
 
 if rank == 0:
     with open(sys.argv[1], "w") as f:
