@@ -79,11 +79,11 @@ class Prefetch:
     """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: filled
     by the communication thread, read by the caller's thread once ``ready`` is set."""
 
-    def __init__(self, key: Key, ids: np.ndarray):
+    def __init__(self, key: Key, ids: np.ndarray, handed: Optional[np.ndarray] = None):
         self.key, self.ids = key, ids          # this rank's sorted unique ids
-        self.rows: Optional[np.ndarray] = None
         #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was
-        self.handed: Optional[np.ndarray] = None
+        self.handed = handed
+        self.rows: Optional[np.ndarray] = None
         #: the rows as a host row_sparse array, built by the communication thread: a pull
         #: of exactly ``ids`` copies it into its out, waiting for nothing
         self.array: Optional[NDArray] = None
@@ -93,12 +93,14 @@ class Prefetch:
 @dataclass
 class PushOfRows:
     """One key of a ``push_and_prefetch``: its gradient's arrays (None after a local error)
-    and their row ids, and the ids the next step will pull."""
+    and their row ids, and the ids the next step will pull (sorted unique; and as handed to
+    ``prefetch_rows``, when they came in one array)."""
     key: Key
     slot: KeySlot
     arrays: Optional[Sequence[NDArray]]
     ids: Optional[np.ndarray]
     next_ids: np.ndarray
+    handed: Optional[np.ndarray] = None
 
 
 def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
@@ -128,7 +130,7 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     gathered = gather_patiently(arrays + [agreement], group, root=0,
                                 name=f"the push of key(s) {keys} (their rows, the ranks' calls "
                                      "and the next step's row ids)")
-    prefetches = [Prefetch(p.key, p.next_ids) for p in pushes]
+    prefetches = [Prefetch(p.key, p.next_ids, p.handed) for p in pushes]
     fetches: List[Optional[tuple]] = [None] * len(pushes)   # (union, wanted, fetch) per key
     failed = False
     if group.rank == 0:
@@ -153,8 +155,8 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
         made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]
         messages = _hand_out_messages(pushes, fetches, row_bytes, failed, hand_out_group) \
             if hand_out_group.rank == 0 else None
-        got = scatter_bytes(messages, 8 + sum(len(p.next_ids) * b
-                                              for p, b in zip(pushes, row_bytes)),
+        got = scatter_bytes(messages, np.empty(8 + sum(len(p.next_ids) * b for p, b
+                                                       in zip(pushes, row_bytes)), np.uint8),
                             hand_out_group, name=f"the verdict on the push of key(s) {keys} "
                                                  "and the prefetched rows")
         if got[:8].view(np.int64)[0]:   # rare: the calls' texts; the thread stops, all raise
@@ -174,26 +176,26 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
 
 
 def _hand_out_messages(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int],
-                       failed: bool, group: Group) -> List[np.ndarray]:
-    """The master's message to each rank of ``push_and_prefetch``'s hand-out: the verdict
-    (an int64), then each key's rows the rank asked for, as bytes (zeros if the calls
-    differed: nothing was fetched). Waits for the servers' rows."""
+                       failed: bool, group: Group) -> List[List[np.ndarray]]:
+    """The master's message to each rank of ``push_and_prefetch``'s hand-out
+    (``scatter_bytes``): the verdict (an int64), then each key's rows the rank asked for
+    (zero bytes if the calls differed: nothing was fetched). Waits for the servers' rows."""
     tables = []
     for p, (union, _, fetch) in zip(pushes, fetches):
         with group.watchdog.waiting(lambda: f"the parameter servers to return {len(union)} "
                                             f"prefetched rows of key {p.key!r}",
                                     collective=False, outward=True):
             tables.append(fetch() if fetch is not None else None)
-    verdict = np.array([failed], np.int64).view(np.uint8)
+    verdict = np.array([failed], np.int64)
     messages = []
     for r in range(group.size):
-        parts = [verdict]
+        message = [verdict]
         for (union, wanted, _), table, size in zip(fetches, tables, row_bytes):
             if failed or table is None:   # (no rows asked for, or the calls differed)
-                parts.append(np.zeros(len(wanted[r]) * size, np.uint8))
+                message.append(np.zeros(len(wanted[r]) * size, np.uint8))
             else:
-                parts.append(table[np.searchsorted(union, wanted[r])].reshape(-1).view(np.uint8))
-        messages.append(np.concatenate(parts))
+                message.append(table[np.searchsorted(union, wanted[r])])
+        messages.append(message)
     return messages
 
 

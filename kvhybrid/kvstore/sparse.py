@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Deque, Dict, Optional
+from typing import Deque, Dict, Optional, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -65,8 +65,8 @@ class SparsePath:
         self.dense, self.calls, self.engine = dense, calls, engine
         #: Gluon's key index -> Parameter name (set_optimizer), for KVHYBRID_ROUTES and stats
         self.param_names: Dict[Key, str] = {}
-        self._prefetch_ids: Dict[Key, np.ndarray] = {}       # asked for, sent with the next push
-        self._prefetch_handed: Dict[Key, np.ndarray] = {}    # the same ids as handed over
+        #: asked for, sent with the next push: (sorted unique ids, the ids as handed over)
+        self._prefetch_ids: Dict[Key, Tuple[np.ndarray, Optional[np.ndarray]]] = {}
         self._prefetched: Dict[Key, rx.Prefetch] = {}        # on their way, for the next pull
         self._unsettled: Deque[rx.PullCheck] = collections.deque()   # see settle_pulls
         self._settling = False
@@ -175,12 +175,11 @@ class SparsePath:
             call = (str(exc), None)
             pushes = [rx.PushOfRows(k, self.slots[k], None, None, None) for k in keys]
         for p in pushes:
-            p.next_ids = self._prefetch_ids.pop(p.key)
+            p.next_ids, p.handed = self._prefetch_ids.pop(p.key)
         prefetches = rx.push_and_prefetch(pushes, self.row_group, self.servers, self.engine,
                                           self.hand_out_group, call)
         for p, prefetch in zip(pushes, prefetches):
             self._prefetched[p.key] = prefetch
-            prefetch.handed = self._prefetch_handed.pop(p.key, None)
         return True
 
     def _prefetches_at_push(self, key) -> bool:
@@ -220,15 +219,13 @@ class SparsePath:
             self.placement.note_rows(self.slots)
             self.calls.forget()   # checked pushpull calls of this key no longer hold
         if slot.rows_on_servers and key in self._prefetch_ids:
-            push = rx.PushOfRows(key, slot, arrays, ids, self._prefetch_ids.pop(key))
+            push = rx.PushOfRows(key, slot, arrays, ids, *self._prefetch_ids.pop(key))
             self._prefetched[key], = rx.push_and_prefetch(
                 [push], self.row_group, self.servers, self.engine, self.hand_out_group,
                 (None, "agreed"))   # the call agreed already
-            self._prefetched[key].handed = self._prefetch_handed.pop(key, None)
         elif slot.rows_on_servers:
             rx.push_to_servers(key, slot, arrays, ids, self.row_group, self.servers)
             self._prefetch_ids.pop(key, None)
-            self._prefetch_handed.pop(key, None)
         else:
             rx.push_in_group(key, slot, arrays, ids, self.group, updater)
 
@@ -440,8 +437,7 @@ class SparsePath:
             raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, outside "
                                 f"the table's {slot.shape[0]} rows: pass ids in "
                                 f"[0, {slot.shape[0]})")
-        self._prefetch_ids[key] = unique
-        self._prefetch_handed[key] = parts[0] if len(parts) == 1 else None
+        self._prefetch_ids[key] = (unique, parts[0] if len(parts) == 1 else None)
 
     def _wait_for_prefetch(self, prefetch: rx.Prefetch) -> None:
         with self.group.watchdog.waiting(lambda: f"the prefetched rows of key {prefetch.key!r}",
@@ -468,5 +464,4 @@ class SparsePath:
             self.hand_out_group.close()
         self._unsettled.clear()
         self._prefetch_ids.clear()
-        self._prefetch_handed.clear()
         self._prefetched.clear()

@@ -6,8 +6,9 @@
 - ``gather_patiently`` / ``scatter_rows``: Parallax's local aggregation around the
   parameter servers. The master gathers the group's rows (and sums them) before
   it pushes, and hands each rank the rows it asked for after it pulls; the ranks
-  waiting for the master wait without spinning. ``scatter_bytes`` hands each rank
-  one message packed by the caller (several keys' rows and a verdict at once).
+  waiting for the master wait without spinning. Both send one message per rank
+  however many arrays it carries (``scatter_bytes``: several keys' rows and a verdict
+  at once).
 """
 from __future__ import annotations
 
@@ -116,35 +117,33 @@ def by_rank(whole: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:
 def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 0,
                  name: str = "rows", out: Optional[np.ndarray] = None) -> np.ndarray:
     """Rank r gets ``parts[r]`` (an array of ``count`` rows on rank r) from ``root``,
-    which fetched them from the servers: the others wait without spinning. ``out``: where
-    they go (C-contiguous, ``count`` rows of ``dtype``), else a new array."""
-    width = math.prod(row_shape)
+    which fetched them from the servers (``scatter_bytes``, one array a rank). ``out``:
+    where they go (C-contiguous, ``count`` rows of ``dtype``), else a new array."""
     if out is None:
         out = np.empty((count,) + tuple(row_shape), dtype=dtype)
-    with group.watchdog.waiting(lambda: f"rank {root} to hand out the rows of {name} on group "
-                                        f"{group.name}"):
-        if group.rank == root:
-            counts = np.array([len(p) for p in parts], dtype=np.int64) * width
-            send = _wire(np.concatenate([p.reshape(-1) for p in parts]).astype(dtype, copy=False))
-            group.comm.Iscatterv([send, counts], _wire(out.reshape(-1)), root=root).Wait()
-        else:
-            wait_patiently(group.comm.Iscatterv(None, _wire(out.reshape(-1)), root=root))
-    return out
+    messages = [[np.asarray(p, dtype=dtype)] for p in parts] if group.rank == root else None
+    return scatter_bytes(messages, out, group, root, name=f"the rows of {name}")
 
 
-def scatter_bytes(parts: Optional[List[np.ndarray]], count: int, group: Group, root: int = 0,
-                  name: str = "rows") -> np.ndarray:
-    """Rank r gets ``parts[r]`` (bytes: uint8, ``count`` of them on rank r) from ``root``:
-    one message to each rank however many arrays the caller packed into it (``scatter_rows``
-    takes one). The others wait without spinning."""
-    out = np.empty(count, dtype=np.uint8)
+def scatter_bytes(messages: Optional[Sequence[Sequence[np.ndarray]]], out: np.ndarray,
+                  group: Group, root: int = 0, name: str = "rows") -> np.ndarray:
+    """Rank r gets ``messages[r]`` from ``root``: arrays of any dtypes and shapes, their
+    bytes one after another in one message, written into ``out`` (C-contiguous, as many
+    bytes as rank r's message). One message to each rank however many arrays it carries
+    (a push's verdict and every table's rows). Every rank, the root too, waits without
+    spinning: the root only goes on to its own copy, and spinning would take the CPU from
+    the ranks it waits for."""
+    received = out.reshape(-1).view(np.uint8)
     with group.watchdog.waiting(lambda: f"rank {root} to hand out {name} on group "
                                         f"{group.name}"):
         if group.rank == root:
-            sizes = np.array([len(p) for p in parts], dtype=np.int64)
-            wait_patiently(group.comm.Iscatterv([np.concatenate(parts), sizes], out, root=root))
+            pieces = [[np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in m]
+                      for m in messages]
+            sizes = np.array([sum(a.nbytes for a in m) for m in pieces], dtype=np.int64)
+            send = np.concatenate([a for m in pieces for a in m])
+            wait_patiently(group.comm.Iscatterv([send, sizes], received, root=root))
         else:
-            wait_patiently(group.comm.Iscatterv(None, out, root=root))
+            wait_patiently(group.comm.Iscatterv(None, received, root=root))
     return out
 
 

@@ -106,15 +106,19 @@ def rank_arrays(r):
             rng.standard_normal((lengths[2], 4)).astype(np.float32)]
 
 
-def message(r):
-    return np.concatenate([np.arange(r, dtype=np.int64).view(np.uint8),
-                           rank_arrays(r)[1].reshape(-1).view(np.uint8)])
+def message(r):   # a list of arrays, sent as their bytes one after another
+    return [np.arange(r, dtype=np.int64), rank_arrays(r)[1]]
+
+
+def message_bytes(r):
+    return np.concatenate([a.reshape(-1).view(np.uint8) for a in message(r)])
 
 
 gathered = gather_patiently(rank_arrays(rank), group, root=0, name="the test's rows")
 got = scatter_bytes([message(r) for r in range(size)] if rank == 0 else None,
-                    len(message(rank)), group, name="the test's messages")
-mine = {"scatter": bool(got.dtype == np.uint8 and np.array_equal(got, message(rank))),
+                    np.empty(len(message_bytes(rank)), np.uint8), group,
+                    name="the test's messages")
+mine = {"scatter": bool(got.dtype == np.uint8 and np.array_equal(got, message_bytes(rank))),
         "gather_elsewhere_none": rank == 0 or gathered is None}
 everyone = group.comm.gather(mine, root=0)
 if rank == 0:
