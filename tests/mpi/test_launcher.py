@@ -1,5 +1,6 @@
 """kvhybrid-launch: sizing, the commands it builds, its errors, and the lifecycle of real jobs
 (scheduler, ps-lite servers and one mpirun per client group on this machine)."""
+import os
 import re
 import signal
 import subprocess
@@ -114,7 +115,6 @@ def test_dry_run_prints_table_and_the_commands_to_run_by_hand():
 
 
 def test_omp_threads_share_the_host_among_workers_and_servers_unless_the_user_sets_them():
-    import os
     env = job_env()
     env.pop("OMP_NUM_THREADS", None)
     args = LAUNCH + ["-n", "4", "--clients", "1", "--servers", "1", "--dry-run", "python",

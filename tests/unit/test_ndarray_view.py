@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 
 from kvhybrid.tensor_collectives.ndarray_view import (host_array, host_row_sparse, host_view,
-                                                    is_host, wait_to_write)
+                                                    is_host, new_host_row_sparse, wait_to_write)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64", "uint8"])
@@ -44,19 +44,32 @@ def test_empty_and_non_host_arrays():
 
 
 @pytest.mark.parametrize("count", [0, 1, 37])
-def test_host_row_sparse_equals_mxnets_row_sparse_array(count):
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_host_row_sparse_equals_mxnets_row_sparse_array(count, dtype):
     rng = np.random.RandomState(count)
     ids = np.sort(rng.choice(100, count, replace=False)).astype(np.int64)
     rows = rng.rand(count, 3, 2).astype(np.float64)   # cast to the array's dtype
-    ours = host_row_sparse(rows, ids, (100, 3, 2), np.float32)
-    theirs = mx.nd.sparse.row_sparse_array((rows, ids), shape=(100, 3, 2), dtype=np.float32)
-    assert ours.stype == "row_sparse" and ours.shape == (100, 3, 2) and ours.dtype == np.float32
+    ours = host_row_sparse(rows, ids, (100, 3, 2), dtype)
+    theirs = mx.nd.sparse.row_sparse_array((rows, ids), shape=(100, 3, 2), dtype=dtype)
+    assert ours.stype == "row_sparse" and ours.shape == (100, 3, 2) \
+        and np.dtype(ours.dtype) == np.dtype(dtype)
     assert ours.indices.asnumpy().tolist() == ids.tolist()
     assert np.array_equal(ours.asnumpy(), theirs.asnumpy())
-    out = mx.nd.sparse.zeros("row_sparse", (100, 3, 2))
+    out = mx.nd.sparse.zeros("row_sparse", (100, 3, 2), dtype=dtype)
     for _ in range(3):   # a temporary's handle freed too early crashed here (segfault)
-        host_row_sparse(rows, ids, (100, 3, 2), np.float32).copyto(out)
+        host_row_sparse(rows, ids, (100, 3, 2), dtype).copyto(out)
     assert np.array_equal(out.asnumpy(), theirs.asnumpy())
+
+
+def test_new_host_row_sparse_is_filled_through_its_view():
+    """The prefetched rows' hand-out writes a table's rows into this view, as bytes."""
+    ids = np.array([2, 5, 9], np.int64)
+    arr, rows = new_host_row_sparse(ids, (10, 4), np.float32)
+    rows.reshape(-1).view(np.uint8)[:] = np.arange(12, dtype=np.float32).view(np.uint8)
+    dense = arr.asnumpy()
+    assert dense[[2, 5, 9]].tolist() == rows.tolist() == np.arange(12.0).reshape(3, 4).tolist()
+    assert not dense[[0, 1, 3, 8]].any()
+    assert arr.indices.asnumpy().tolist() == [2, 5, 9]
 
 
 def test_host_array_copies_and_casts():
