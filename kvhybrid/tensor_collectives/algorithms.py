@@ -153,7 +153,8 @@ class Algorithms:
             else:
                 group.comm.Allreduce(MPI.IN_PLACE, buf, op=op)
         elif name == "ring":
-            ring_allreduce(view, group.comm, group.MPI, self._workspace(view, group.size))
+            ring_allreduce(view, group.comm, group.MPI, self._workspace(view, group.size),
+                           wait_all=self._wait_all())
         elif name == "shm":
             if self.topology.nodes > 1:
                 raise ValueError("KVHYBRID_ALLREDUCE=shm needs every rank of the group on one "
@@ -168,11 +169,20 @@ class Algorithms:
             nodes = topo.nodes
 
             def across_hosts(part: np.ndarray) -> None:
-                ring_allreduce(part, cross, MPI, self._workspace(part, nodes))
+                ring_allreduce(part, cross, MPI, self._workspace(part, nodes),
+                               wait_all=self._wait_all())
 
             self._shared().allreduce(view, between=across_hosts if nodes > 1 else None)
         else:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {name!r}")
+
+    def _wait_all(self):
+        """How the ring waits for its segments: patiently where ``patient`` asks."""
+        if not self.patient:
+            return None
+        from .ops import wait_all_patiently
+        MPI = self.group.MPI
+        return lambda requests: wait_all_patiently(requests, MPI)
 
     def _shared(self) -> SharedMemoryAllreduce:
         if self._shm is None:

@@ -7,7 +7,7 @@ the next one is already on its way (the paper's pipelined rings).
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -21,9 +21,14 @@ def _bounds(n: int, parts: int) -> List[int]:
 
 
 def ring_allreduce(view: np.ndarray, comm, MPI, workspace: np.ndarray,
-                   segment_bytes: Optional[int] = None) -> None:
+                   segment_bytes: Optional[int] = None,
+                   wait_all: Optional[Callable[[Sequence], None]] = None) -> None:
     """Sum ``view`` (flat, contiguous) over ``comm`` in place. ``workspace`` is scratch
-    of at least ``ceil(len(view) / P)`` elements of ``view.dtype``."""
+    of at least ``ceil(len(view) / P)`` elements of ``view.dtype``. ``wait_all`` waits for
+    a list of requests (default MPI's ``Waitall``, which spins; ``ops.wait_all_patiently``
+    sleeps, leaving the cores to compute while a slow link carries the segments)."""
+    if wait_all is None:
+        wait_all = MPI.Request.Waitall
     size, rank = comm.Get_size(), comm.Get_rank()
     if size == 1 or view.size == 0:
         return
@@ -53,16 +58,17 @@ def ring_allreduce(view: np.ndarray, comm, MPI, workspace: np.ndarray,
 
         pending = [post(j) for j in range(min(2, len(starts)))]
         for j, s in enumerate(starts):
-            pending[j].Wait()
+            wait_all([pending[j]])
             if j + 2 < len(starts):
                 pending.append(post(j + 2))
             e = min(n_recv, s + seg)
             mine = view[recv.start + s:recv.start + e]
             np.add(mine, workspace[s:e], out=mine)
-        MPI.Request.Waitall(sends)
+        wait_all(sends)
     # allgather: pass the finished chunks around the ring, straight into place
     for step in range(size - 1):
         send, recv = chunk((rank + 1 - step) % size), chunk((rank - step) % size)
-        comm.Sendrecv([raw[send.start * item:send.stop * item], MPI.BYTE], dest=right, sendtag=_TAG,
-                      recvbuf=[raw[recv.start * item:recv.stop * item], MPI.BYTE], source=left,
-                      recvtag=_TAG)
+        wait_all([comm.Irecv([raw[recv.start * item:recv.stop * item], MPI.BYTE], source=left,
+                             tag=_TAG),
+                  comm.Isend([raw[send.start * item:send.stop * item], MPI.BYTE], dest=right,
+                             tag=_TAG)])

@@ -2,7 +2,8 @@
 sum, and the auto selector picks by size and hosts — under real mpirun.
 
 float16/32/64; sizes 0, 1, odd, not divisible by the ranks, spanning many shared-memory
-chunks and ring segments; 1 and 2 devices per rank; results bit-identical on every rank.
+chunks and ring segments; 1 and 2 devices per rank; waits that spin and waits that sleep;
+results bit-identical on every rank.
 The auto selector tries every candidate, then all ranks use the same one.
 Multi-host shapes are emulated on this machine with KVHYBRID_EMULATE_NODE_SIZE.
 """
@@ -38,6 +39,7 @@ def test_every_algorithm_matches_numpy_and_agrees_bitwise(shape_results):
     assert expect <= ran, f"algorithms not exercised: {expect - ran}"
     for name in expect:
         assert r[f"{name}-large"]["ok"], (name, r[f"{name}-large"])
+        assert f"{name}-patient-n100003" in cases, f"{name} not run with patient waits"
 
 
 def test_topology_is_seen_as_launched(shape_results):

@@ -74,6 +74,19 @@ for name in ALGORITHMS:
     algos.run(name, v)
     check(f"{name}-view", v, expected(4099, "float32"), "float32")
 
+# the same sums with waits that sleep between tests (the engine's communication thread)
+algos.patient = True
+for name in ALGORITHMS:
+    if not runnable(name):
+        continue
+    algos.forced = name
+    for n in (size * 3 + 1, 100003):
+        v = data(n, "float32", rank)
+        algos.run(name, v)
+        check(f"{name}-patient-n{n}", v, expected(n, "float32"), "float32")
+        results[f"{name}-patient-n{n}-identical"] = {"err": 0, "ok": identical_everywhere(v)}
+algos.patient = False
+
 # the real chunk and segment sizes, on an array spanning several chunks
 ring.SEGMENT_BYTES, shared_memory.CHUNK_BYTES = 1 << 20, 1 << 20
 algos._shm = None   # rebuilt with the real chunk size (collective, same point on every rank)
