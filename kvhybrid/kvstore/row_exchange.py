@@ -236,7 +236,7 @@ def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.nda
     """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which
     the prefetch must hold: ``prefetch_holds``)."""
     for o, i in zip(outs, ids):
-        if prefetch.array is not None and np.array_equal(i, prefetch.ids):
+        if prefetch.array is not None and _same_ids(i, prefetch.ids):
             prefetch.array.copyto(o)   # (the engine copies it; nothing writes it again)
             continue
         part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
@@ -245,8 +245,14 @@ def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.nda
 
 def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
     """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
-    return all(np.array_equal(i, prefetch.ids)   # (the usual case, and cheaper)
+    return all(_same_ids(i, prefetch.ids)   # (the usual case, and cheaper)
                or not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
+
+
+def _same_ids(ids: np.ndarray, prefetched: np.ndarray) -> bool:
+    """Whether ``ids`` are the prefetched ids: the very array when the pull's ids were the
+    ones handed over (``checked_row_ids`` returns it then), else compared."""
+    return ids is prefetched or np.array_equal(ids, prefetched)
 
 
 # -- pull --------------------------------------------------------------------------------

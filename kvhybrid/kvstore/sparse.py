@@ -440,6 +440,9 @@ class SparsePath:
         self._prefetch_ids[key] = (unique, parts[0] if len(parts) == 1 else None)
 
     def _wait_for_prefetch(self, prefetch: rx.Prefetch) -> None:
+        if prefetch.ready.is_set():   # (the usual case: the rows came during the step)
+            self.engine.check()
+            return
         with self.group.watchdog.waiting(lambda: f"the prefetched rows of key {prefetch.key!r}",
                                          collective=False):
             while not prefetch.ready.wait(0.05):
