@@ -8,11 +8,12 @@ by side on the same models, data, batch and worker count (Parallax §6).
 
 Systems (each a job through ``kvhybrid-launch``):
 
-* ``kvhybrid``: ``hybrid-mpi``, one client group + servers: dense keys by allreduce,
-  row_sparse keys routed by their α, the group's master aggregating and pushing the rows;
-* ``kvhybrid host-masters`` (emulated hosts only; on one host it is ``kvhybrid``): the same,
-  but each host's first rank aggregates and pushes its host's rows (``--row-masters host``,
-  Parallax's local aggregation per machine);
+* ``kvhybrid``: ``hybrid-mpi``, one client group + servers, the launcher's defaults: dense
+  keys by allreduce, row_sparse keys routed by their α and aggregated for the servers by
+  the group's master on one host, by each host's first rank across hosts (``--row-masters
+  auto``: Parallax's local aggregation per machine);
+* ``kvhybrid group-master`` (emulated hosts only; on one host it is ``kvhybrid``): the same,
+  but the group's master aggregates and pushes every host's rows (``--row-masters group``);
 * ``kvhybrid all-AR``: every key by allreduce (tables forced ``dense``; no servers);
 * ``kvhybrid all-PS``: every key on the servers (a client group per worker);
 * ``dist_sync``: MXNet's own store (tables as ``SparseEmbedding``), a client per worker;
@@ -58,7 +59,7 @@ SYSTEM_ENV = {"kvhybrid blocking": {"KVHYBRID_ENGINE": "0"}}
 #: name -> (worker system, launcher shape, tables forced to allreduce)
 SYSTEMS = {
     "kvhybrid": ("hybrid", "group+servers", False),
-    "kvhybrid host-masters": ("hybrid", "host-masters", False),
+    "kvhybrid group-master": ("hybrid", "group-master", False),
     "kvhybrid all-AR": ("hybrid", "group", True),
     "kvhybrid all-PS": ("hybrid", "per-worker+servers", False),
     "kvhybrid blocking": ("hybrid", "group+servers", False),
@@ -73,9 +74,9 @@ UNSYNCED = {"compute only"}
 def launcher_args(shape: str, workers: int, servers: int) -> List[str]:
     if shape == "group":
         return ["-n", str(workers)]
-    if shape == "host-masters":
+    if shape == "group-master":
         return ["-n", str(workers), "--clients", "1", "--servers", str(servers),
-                "--row-masters", "host"]
+                "--row-masters", "group"]
     clients = 1 if shape == "group+servers" else workers
     return ["-n", str(workers), "--clients", str(clients), "--servers", str(servers)]
 
@@ -255,7 +256,7 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int],
     args.steps, args.warmup = steps or args.steps, warmup or args.warmup
     args.servers = args.servers_wanted or hosts or 1
     systems = [n for n in (args.systems or [n for n in SYSTEMS if n not in SYSTEM_ENV])
-               if (n != "kvhybrid host-masters" or hosts) and (n != "compute only" or not hosts)]
+               if (n != "kvhybrid group-master" or hosts) and (n != "compute only" or not hosts)]
     setting = Setting(where=setting_name(hosts, rate, args.workers, args.delay), hosts=hosts,
                       servers=args.servers, rate=rate if hosts else "", command=sys.argv[1:],
                       steps=args.steps, warmup=args.warmup)
@@ -391,7 +392,7 @@ def targets_table(settings: List[Setting], workers: int,
         if not setting.hosts:
             continue
         for model, r in setting.median.items():
-            for name in ("kvhybrid", "kvhybrid host-masters"):
+            for name in ("kvhybrid", "kvhybrid group-master"):
                 if name in r and r[name].get("wire_per_host"):
                     add(f"{setting.where}: {model} {name} bytes per host ÷ Table 3",
                         [x[model][name]["wire_per_host"] / x[model][name]["table3_per_host"]
@@ -499,7 +500,7 @@ def main(argv=None) -> None:
                         "with --suite, else 1)")
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["lm", "nmt", "cnn"])
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
-                   help="default: all; kvhybrid host-masters runs on emulated hosts only, compute "
+                   help="default: all; kvhybrid group-master runs on emulated hosts only, compute "
                         "only on loopback only")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, dest="servers_wanted",

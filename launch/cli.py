@@ -58,10 +58,11 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
                    help="size like Parallax: a server per host for sparse models, none for dense; "
                         "a client group per host")
     p.add_argument("--sparse", action="store_true", help="the model has row_sparse keys (--auto)")
-    p.add_argument("--row-masters", choices=("group", "host"), default="group",
-                   help="who aggregates row_sparse gradients for the servers: the group's master "
-                        "(default), or each host's first rank for its host (one client group; "
-                        "dense keys stay allreduced over the group)")
+    p.add_argument("--row-masters", choices=("auto", "group", "host"), default="auto",
+                   help="who aggregates row_sparse gradients for the servers: the group's master, "
+                        "or each host's first rank for its host (one client group; dense keys "
+                        "stay allreduced over the group); auto (default): host when the one "
+                        "client group spans several hosts and there are servers, else group")
     p.add_argument("-H", "--hosts", help="hosts and slots, e.g. node1:4,node2:4 (default: this machine)")
     p.add_argument("--hostfile", help="an MPI hostfile ('host slots=N' lines)")
     p.add_argument("--launcher", default="local", choices=TRANSPORTS,

@@ -5,11 +5,12 @@ gets #workers / #clients workers (its rank 0 is the master, the ps-lite
 worker); the scheduler and the servers are placed on the hosts; every client
 group is its own ``mpirun``. With 0 servers there is one group and no
 scheduler (pure MPI). ``--row-masters host`` (one group) makes each host's first
-rank a ps-lite worker for its host's rows (Parallax's local aggregation).
+rank a ps-lite worker for its host's rows (Parallax's local aggregation); ``auto``, the
+default, does so when the one group spans several hosts and there are servers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import List, Optional, Tuple
 
 from .hosts import Host
@@ -28,7 +29,8 @@ class JobSpec:
     launcher: str = "local"
     auto: bool = False
     sparse: bool = False              # the model has row_sparse keys (for --auto)
-    row_masters: str = "group"        # who pushes rows: the group's master, or each host's
+    row_masters: str = "auto"         # who pushes rows: the group's master ("group"), each
+                                      # host's first rank ("host"), or "auto" (_auto_row_masters)
     emulate_node_size: int = 0        # KVHYBRID_EMULATE_NODE_SIZE: ranks per emulated host
 
 
@@ -122,7 +124,19 @@ def plan_job(spec: JobSpec) -> JobPlan:
             free[cursor][1] -= take
             need -= take
         plan.clients.append(ClientPlan(c, ranks))
+    if spec.row_masters == "auto":
+        plan.spec = replace(spec, row_masters=_auto_row_masters(plan))
     return plan
+
+
+def _auto_row_masters(plan: JobPlan) -> str:
+    """``host`` when the one client group, with servers, spans several hosts, else
+    ``group``: one master's link would carry every host's rows in and then out again, where
+    a master per host sends its host's rows once, summed, as Parallax does (4 emulated hosts
+    at 1 Gbit/s: NMT 1.30x, LM 1.10x the throughput of one master; docs/performance.md,
+    "Stop 34")."""
+    spans = len({host for host, _ in plan.clients[0].ranks}) > 1
+    return "host" if plan.num_servers and plan.num_clients == 1 and spans else "group"
 
 
 def format_table(plan: JobPlan, ports: Optional[dict] = None) -> str:

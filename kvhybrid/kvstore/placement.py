@@ -107,7 +107,9 @@ class Placement:
                               "--servers 1 or more) or unset KVHYBRID_ROW_MASTERS")
         refusal = self.mode.allows_host_masters()
         if refusal is not None:
-            raise ConfigError(f"{refusal}, not {store_name}: unset it")
+            raise ConfigError(f"{refusal}, not {store_name}: unset it (kvhybrid-launch sets it "
+                              "when one client group spans several hosts: pass it "
+                              "--row-masters group)")
         return True
 
     def _host_group(self) -> Group:

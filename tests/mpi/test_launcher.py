@@ -55,6 +55,18 @@ def test_sizing_row_masters_per_host_makes_a_ps_lite_worker_of_each_host():
     assert plan(4, 2, 2).ps_workers == 2                                # a master per group
 
 
+def test_sizing_row_masters_auto_puts_a_master_on_each_host_a_group_spans():
+    spanning = plan(6, 1, 2, hosts=(("a", 4), ("b", 2)), launcher="ssh")   # the default: auto
+    assert (spanning.spec.row_masters, spanning.ps_workers) == ("host", 2)
+    assert "each host's first rank is a ps-lite worker (2 in all)" in format_table(spanning)
+    # one host, several groups, no servers, or a group that fits on its first host: one master
+    for p in (plan(4, 1, 1), plan(8, 2, 2, hosts=(("a", 4), ("b", 4)), launcher="ssh"),
+              plan(8, 1, 0, hosts=(("a", 4), ("b", 4)), launcher="ssh"),
+              plan(4, 1, 1, hosts=(("a", 4), ("b", 4)), launcher="ssh"),
+              plan(8, 1, 1, row_masters="group", hosts=(("a", 4), ("b", 4)), launcher="ssh")):
+        assert (p.spec.row_masters, p.ps_workers) == ("group", p.num_clients), p.spec
+
+
 def test_sizing_pure_mpi_and_auto():
     p = plan(4)
     assert (p.num_clients, p.num_servers, p.scheduler_host) == (1, 0, None)
