@@ -92,17 +92,24 @@ def test_bad_setting_names_variable():
     assert "KVHYBRID_TIMEOUT='soon' is not a number" in r.output
 
 
-@pytest.mark.parametrize("env, words", [
+@pytest.mark.parametrize("env, words, store", [
     ({"KVHYBRID_ROW_MASTERS": "host"}, ["KVHYBRID_ROW_MASTERS=host sends each host's rows to the "
-                                        "parameter servers, and this job has none", "add servers"]),
+                                        "parameter servers, and this job has none", "add servers"],
+     "hybrid-mpi"),
+    # what kvhybrid-launch sets by default for one group across hosts, with an asynchronous
+    # store: refused, saying which launcher flag gives the group master back
+    ({"KVHYBRID_ROW_MASTERS": "host", "DMLC_ROLE": "worker", "DMLC_NUM_SERVER": "1",
+      "DMLC_NUM_WORKER": "1", "KVHYBRID_SECRET": "k" * 64},
+     ["is for the synchronous hybrid-mpi store, not hybrid-mpi-async", "--row-masters group"],
+     "hybrid-mpi-async"),
     # 2 emulated hosts, but ps-lite told to expect 3 workers: refused before connecting
     ({"KVHYBRID_ROW_MASTERS": "host", "KVHYBRID_EMULATE_NODE_SIZE": "1", "DMLC_ROLE": "worker",
       "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "3", "KVHYBRID_SECRET": "k" * 64},
      ["each of the group's 2 hosts a ps-lite worker, but DMLC_NUM_WORKER is 3",
-      "set DMLC_NUM_WORKER=2"]),
+      "set DMLC_NUM_WORKER=2"], "hybrid-mpi"),
 ])
-def test_row_masters_per_host_refused_on_every_rank_before_connecting(env, words):
-    r = run_job(2, "create_store.py", timeout=60, env=env)
+def test_row_masters_per_host_refused_on_every_rank_before_connecting(env, words, store):
+    r = run_job(2, "create_store.py", [store], timeout=60, env=env)
     assert r.returncode != 0
     for words_ in words:
         assert r.output.count(words_) >= 2, r.output[-3000:]   # both ranks say it
