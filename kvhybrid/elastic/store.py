@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from ..kvstore.keys import Key
+from ..kvstore.registry import ELASTIC_NAME
 from ..kvstore.store import HybridMPIStore
 from .mode import ElasticMode
 
@@ -14,6 +15,7 @@ class HybridMPIElasticStore(HybridMPIStore):
     variable on the servers between groups (see ``mode.py``)."""
 
     MODE = ElasticMode
+    NAME = ELASTIC_NAME
 
     @property
     def alpha(self) -> float:

@@ -51,7 +51,7 @@ from .keys import Key, KeySlot, check_matches, lookup, pairs, spec, zeros
 from .modes import AsyncMode, SyncMode
 from .placement import Placement
 from .ps.link import ServerLink
-from .registry import NAME
+from .registry import ASYNC_NAME, NAME
 from .sparse import SparsePath
 from .stats import StepClock, write_stats
 
@@ -107,11 +107,13 @@ class HybridMPIStore(mx.kv.KVStore):
 
     #: how client groups meet (modes.py): a strategy class, one instance per store
     MODE = SyncMode
+    #: the name ``mx.kv.create`` takes, for messages
+    NAME = NAME
 
     def __init__(self, config: Optional[StoreConfig] = None):
         self.mode = self.MODE()
         self.config = self.mode.configure(config or StoreConfig.from_env())
-        self.placement = Placement(self.config, self.mode, type(self).__name__)
+        self.placement = Placement(self.config, self.mode, self.NAME)
         super().__init__(_native_local_handle())
         self.mode.bind(self.placement)
         self._slots: Dict[Key, KeySlot] = {}
@@ -130,7 +132,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self.clock = StepClock()
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().close())
-        log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", NAME,
+        log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", self.NAME,
                  self.rank, self.num_workers, self.placement.client_rank,
                  self.placement.num_clients, self.config.num_servers)
 
@@ -572,3 +574,4 @@ class HybridMPIAsyncStore(HybridMPIStore):
     between groups. Create it with ``mx.kv.create('hybrid-mpi-async')``."""
 
     MODE = AsyncMode
+    NAME = ASYNC_NAME
