@@ -133,7 +133,7 @@ def _auto_row_masters(plan: JobPlan) -> str:
     """``host`` when the one client group, with servers, spans several hosts, else
     ``group``: one master's link would carry every host's rows in and then out again, where
     a master per host sends its host's rows once, summed, as Parallax does (4 emulated hosts
-    at 1 Gbit/s: NMT 1.30x, LM 1.10x the throughput of one master; docs/performance.md,
+    at 1 Gbit/s: LM 1.15x, NMT 1.21x the throughput of one master; docs/performance.md,
     "Stop 34")."""
     spans = len({host for host, _ in plan.clients[0].ranks}) > 1
     return "host" if plan.num_servers and plan.num_clients == 1 and spans else "group"
