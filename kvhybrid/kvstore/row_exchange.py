@@ -153,9 +153,9 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
         # the rows' arrays first: their indices' engine round trips are made while the
         # master still waits for the servers, not after
         made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]
-        messages = _hand_out_messages(pushes, fetches, row_bytes, failed, hand_out_group) \
+        packed = _hand_out_packed(pushes, fetches, row_bytes, failed, hand_out_group) \
             if hand_out_group.rank == 0 else None
-        got = scatter_bytes(messages, np.empty(8 + sum(len(p.next_ids) * b for p, b
+        got = scatter_bytes(packed, np.empty(8 + sum(len(p.next_ids) * b for p, b
                                                        in zip(pushes, row_bytes)), np.uint8),
                             hand_out_group, name=f"the verdict on the push of key(s) {keys} "
                                                  "and the prefetched rows")
@@ -175,28 +175,34 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     return prefetches
 
 
-def _hand_out_messages(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int],
-                       failed: bool, group: Group) -> List[List[np.ndarray]]:
-    """The master's message to each rank of ``push_and_prefetch``'s hand-out
-    (``scatter_bytes``): the verdict (an int64), then each key's rows the rank asked for
-    (zero bytes if the calls differed: nothing was fetched). Waits for the servers' rows."""
+def _hand_out_packed(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int],
+                     failed: bool, group: Group) -> Tuple[np.ndarray, np.ndarray]:
+    """The master's messages of ``push_and_prefetch``'s hand-out, packed for
+    ``scatter_bytes``: to each rank the verdict (an int64), then each key's rows it asked
+    for (zero bytes if the calls differed: nothing was fetched). Each rank's rows are
+    taken from the servers' table straight into the send buffer, copied once. Waits for
+    the servers' rows."""
     tables = []
     for p, (union, _, fetch) in zip(pushes, fetches):
         with group.watchdog.waiting(lambda: f"the parameter servers to return {len(union)} "
                                             f"prefetched rows of key {p.key!r}",
                                     collective=False, outward=True):
             tables.append(fetch() if fetch is not None else None)
-    verdict = np.array([failed], np.int64)
-    messages = []
+    sizes = np.array([8 + sum(len(wanted[r]) * size for (_, wanted, _), size
+                              in zip(fetches, row_bytes)) for r in range(group.size)], np.int64)
+    send = np.zeros(int(sizes.sum()), np.uint8)
+    at = 0
     for r in range(group.size):
-        message = [verdict]
+        send[at:at + 8].view(np.int64)[0] = failed
+        at += 8
         for (union, wanted, _), table, size in zip(fetches, tables, row_bytes):
-            if failed or table is None:   # (no rows asked for, or the calls differed)
-                message.append(np.zeros(len(wanted[r]) * size, np.uint8))
-            else:
-                message.append(table[np.searchsorted(union, wanted[r])])
-        messages.append(message)
-    return messages
+            count = len(wanted[r])
+            if not (failed or table is None):   # (else no rows asked for, or calls differed)
+                into = send[at:at + count * size].view(table.dtype)
+                np.take(table, np.searchsorted(union, wanted[r]), axis=0,
+                        out=into.reshape((count,) + table.shape[1:]))
+            at += count * size
+    return send, sizes
 
 
 class PullCheck:

@@ -121,26 +121,33 @@ def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 
     where they go (C-contiguous, ``count`` rows of ``dtype``), else a new array."""
     if out is None:
         out = np.empty((count,) + tuple(row_shape), dtype=dtype)
-    messages = [[np.asarray(p, dtype=dtype)] for p in parts] if group.rank == root else None
-    return scatter_bytes(messages, out, group, root, name=f"the rows of {name}")
+    packed = pack_messages([[np.asarray(p, dtype=dtype)] for p in parts]) \
+        if group.rank == root else None
+    return scatter_bytes(packed, out, group, root, name=f"the rows of {name}")
 
 
-def scatter_bytes(messages: Optional[Sequence[Sequence[np.ndarray]]], out: np.ndarray,
+def pack_messages(messages: Sequence[Sequence[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+    """``scatter_bytes``'s send side: (bytes, each rank's byte count), where rank r's bytes
+    are ``messages[r]``'s arrays (any dtypes and shapes) one after another."""
+    pieces = [[np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in m] for m in messages]
+    sizes = np.array([sum(a.nbytes for a in m) for m in pieces], dtype=np.int64)
+    flat = [a for m in pieces for a in m]
+    return (np.concatenate(flat) if flat else np.zeros(0, np.uint8)), sizes
+
+
+def scatter_bytes(packed: Optional[Tuple[np.ndarray, np.ndarray]], out: np.ndarray,
                   group: Group, root: int = 0, name: str = "rows") -> np.ndarray:
-    """Rank r gets ``messages[r]`` from ``root``: arrays of any dtypes and shapes, their
-    bytes one after another in one message, written into ``out`` (C-contiguous, as many
-    bytes as rank r's message). One message to each rank however many arrays it carries
-    (a push's verdict and every table's rows). Every rank, the root too, waits without
+    """Rank r gets its part of the root's ``packed`` (bytes, each rank's byte count: see
+    ``pack_messages``, or built in place by the caller) into ``out`` (C-contiguous, as many
+    bytes as rank r's part). One message to each rank however many arrays it carries (a
+    push's verdict and every table's rows). Every rank, the root too, waits without
     spinning: the root only goes on to its own copy, and spinning would take the CPU from
     the ranks it waits for."""
     received = out.reshape(-1).view(np.uint8)
     with group.watchdog.waiting(lambda: f"rank {root} to hand out {name} on group "
                                         f"{group.name}"):
         if group.rank == root:
-            pieces = [[np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in m]
-                      for m in messages]
-            sizes = np.array([sum(a.nbytes for a in m) for m in pieces], dtype=np.int64)
-            send = np.concatenate([a for m in pieces for a in m])
+            send, sizes = packed
             wait_patiently(group.comm.Iscatterv([send, sizes], received, root=root))
         else:
             wait_patiently(group.comm.Iscatterv(None, received, root=root))

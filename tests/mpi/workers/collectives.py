@@ -13,7 +13,7 @@ import mxnet as mx
 
 import kvhybrid  # noqa: F401  registers hybrid-mpi
 from kvhybrid.tensor_collectives import allreduce, broadcast, fusion, ops
-from kvhybrid.tensor_collectives.rows import gather_patiently, scatter_bytes
+from kvhybrid.tensor_collectives.rows import gather_patiently, pack_messages, scatter_bytes
 
 kv = mx.kv.create("hybrid-mpi")
 group, rank, size = kv.group, kv.rank, kv.num_workers
@@ -115,7 +115,7 @@ def message_bytes(r):
 
 
 gathered = gather_patiently(rank_arrays(rank), group, root=0, name="the test's rows")
-got = scatter_bytes([message(r) for r in range(size)] if rank == 0 else None,
+got = scatter_bytes(pack_messages([message(r) for r in range(size)]) if rank == 0 else None,
                     np.empty(len(message_bytes(rank)), np.uint8), group,
                     name="the test's messages")
 mine = {"scatter": bool(got.dtype == np.uint8 and np.array_equal(got, message_bytes(rank))),
