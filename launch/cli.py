@@ -200,7 +200,7 @@ class Job:
                "PS_VERBOSE": self.base_env.get("PS_VERBOSE", "0")}
         if role == "worker" and self.plan.spec.row_masters == "host":
             env["KVHYBRID_ROW_MASTERS"] = "host"
-            if len({h for h, _ in self.plan.clients[0].ranks}) > 1:
+            if self.plan.clients[0].spans_hosts:
                 # one mpirun reaches every host, so one address cannot fit every master:
                 # each finds its own (DMLC_INTERFACE, --interface, or its first non-loopback)
                 del env["DMLC_NODE_HOST"]

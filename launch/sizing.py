@@ -44,6 +44,11 @@ class ClientPlan:
         return self.ranks[0][0]
 
     @property
+    def spans_hosts(self) -> bool:
+        """Whether the group's ranks lie on more than one host."""
+        return len({host for host, _ in self.ranks}) > 1
+
+    @property
     def size(self) -> int:
         return sum(n for _, n in self.ranks)
 
@@ -135,8 +140,8 @@ def _auto_row_masters(plan: JobPlan) -> str:
     a master per host sends its host's rows once, summed, as Parallax does (4 emulated hosts
     at 1 Gbit/s: LM 1.15x, NMT 1.21x the throughput of one master; docs/performance.md,
     "Stop 34")."""
-    spans = len({host for host, _ in plan.clients[0].ranks}) > 1
-    return "host" if plan.num_servers and plan.num_clients == 1 and spans else "group"
+    one_spanning = plan.num_clients == 1 and plan.clients[0].spans_hosts
+    return "host" if plan.num_servers and one_spanning else "group"
 
 
 def format_table(plan: JobPlan, ports: Optional[dict] = None) -> str:

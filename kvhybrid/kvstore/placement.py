@@ -108,7 +108,7 @@ class Placement:
         refusal = self.mode.allows_host_masters()
         if refusal is not None:
             raise ConfigError(f"{refusal}, not {store_name}: unset it (kvhybrid-launch sets it "
-                              "when one client group spans several hosts: pass it "
+                              "when one client group spans several hosts: pass kvhybrid-launch "
                               "--row-masters group)")
         return True
 
