@@ -3,8 +3,8 @@
 ==============  ===========================================================
 ``mpi``         the MPI library's ``Allreduce`` (what it picks; the launcher
                 tunes Open MPI, see ``kvhybrid.launch.mpirun``)
-``ring``        reduce-scatter + allgather between neighbours, pipelined in
-                segments (``ring.py``)
+``ring``        reduce-scatter + allgather between neighbours, each segment
+                passed on as soon as it is added (``ring.py``)
 ``shm``         one host's ranks through a shared-memory window
                 (``shared_memory.py``)
 ``hierarchical``  shared memory on each host, a ring across hosts among the
@@ -31,7 +31,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from .ring import ring_allreduce
+from .ring import ring_allreduce, workspace_elements
 from .shared_memory import SharedMemoryAllreduce
 from .topology import Topology
 
@@ -190,7 +190,7 @@ class Algorithms:
         return self._shm
 
     def _workspace(self, view: np.ndarray, parts: int) -> np.ndarray:
-        need = -(-view.size // parts)
+        need = workspace_elements(view.size, view.itemsize, parts)
         buf = self._scratch.get(view.dtype.str)
         if buf is None or buf.size < need:
             buf = self._scratch[view.dtype.str] = np.empty(need, dtype=view.dtype)

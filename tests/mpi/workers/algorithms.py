@@ -51,7 +51,8 @@ def identical_everywhere(arr):
     return bool(group.comm.allreduce(int(np.array_equal(mine, first)), op=group.MPI.MIN))
 
 
-ring.SEGMENT_BYTES = 1024           # many segments per chunk on small arrays
+REAL_SIZES = ring.MIN_SEGMENT_BYTES, ring.MAX_SEGMENT_BYTES, shared_memory.CHUNK_BYTES
+ring.MIN_SEGMENT_BYTES = ring.MAX_SEGMENT_BYTES = 1024   # many segments per chunk
 shared_memory.CHUNK_BYTES = 4096    # many chunks per array
 SIZES = [0, 1, 7, size * 3 + 1, 5003, 100003]
 for name in ALGORITHMS:
@@ -88,7 +89,7 @@ for name in ALGORITHMS:
 algos.patient = False
 
 # the real chunk and segment sizes, on an array spanning several chunks
-ring.SEGMENT_BYTES, shared_memory.CHUNK_BYTES = 1 << 20, 1 << 20
+ring.MIN_SEGMENT_BYTES, ring.MAX_SEGMENT_BYTES, shared_memory.CHUNK_BYTES = REAL_SIZES
 algos._shm = None   # rebuilt with the real chunk size (collective, same point on every rank)
 n = 3 * 2**20 // 4 + 5
 for name in ALGORITHMS:
