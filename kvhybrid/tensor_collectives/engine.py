@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -72,18 +71,13 @@ def thread_level_ok(MPI) -> bool:
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
-#: the ``started`` of a job with no engine operation: it may run as soon as its turn comes
-_NOW = threading.Event()
-_NOW.set()
-
-
 class _Op:
     __slots__ = ("ident", "name", "arrays", "work", "started", "done", "ready_at")
 
     def __init__(self, ident: int, name: str, arrays: Sequence[NDArray],
-                 work: Callable[[], None], started: Optional[threading.Event] = None):
+                 work: Callable[[], None]):
         self.ident, self.name, self.arrays, self.work = ident, name, list(arrays), work
-        self.started = threading.Event() if started is None else started
+        self.started = threading.Event()
         self.done: Optional[_OnComplete] = None
         self.ready_at = 0.0
 
@@ -133,9 +127,8 @@ class EngineComm:
         self.ident = EngineComm._next_id
         EngineComm._next_id += 1
         self._ops: Dict[int, _Op] = {}
-        #: what the thread runs next, in order; None stops it. (A C queue: a put costs the
-        #: caller's thread a few microseconds, a Python Condition's notify ten times more)
-        self._queue: "queue.SimpleQueue[Optional[_Op]]" = queue.SimpleQueue()
+        self._queue: Deque[_Op] = collections.deque()
+        self._cv = threading.Condition()
         self._count = 0
         self._closing = False
         self.error: Optional[str] = None
@@ -162,8 +155,10 @@ class EngineComm:
                                 "closed: create a new store")
         self._count += 1
         op = _Op(self._count, name, arrays, work)
-        self._ops[op.ident] = op
-        self._queue.put(op)
+        with self._cv:
+            self._ops[op.ident] = op
+            self._queue.append(op)
+            self._cv.notify()
         handles = (ctypes.c_void_p * len(op.arrays))(*[a.handle.value for a in op.arrays])
         check_call(_LIB.MXEnginePushAsyncND(
             _engine_started, ctypes.c_void_p((self.ident << 40) + op.ident), None,
@@ -176,10 +171,13 @@ class EngineComm:
         with no engine operation (it touches no NDArray the engine tracks)."""
         self.check()
         self._count += 1
-        op = _Op(self._count, name, (), work, started=_NOW)
+        op = _Op(self._count, name, (), work)
         op.ready_at = time.perf_counter()
-        self._ops[op.ident] = op
-        self._queue.put(op)
+        op.started.set()
+        with self._cv:
+            self._ops[op.ident] = op
+            self._queue.append(op)
+            self._cv.notify()
 
     def check(self) -> None:
         """Raise, on the caller's thread, an error a collective of this group hit."""
@@ -193,9 +191,12 @@ class EngineComm:
     def _loop(self) -> None:
         dog = self.group.watchdog
         while True:
-            op = self._queue.get()
-            if op is None:   # (close: everything queued before it has run)
-                return
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                op = self._queue.popleft()
             try:
                 with dog.waiting(lambda: f"MXNet's engine to compute the inputs of {op.name}",
                                  collective=False):
@@ -224,8 +225,9 @@ class EngineComm:
     def close(self) -> None:
         """Let queued work finish (the caller waited for the engine first: every engine
         operation has been started), then stop the thread. Its waits are the watchdog's."""
-        self._closing = True
-        self._queue.put(None)
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
         self._thread.join(timeout=2 * self.group.watchdog.timeout)
         if self._thread.is_alive():
             log.warning("kvhybrid: the communication thread of group %s did not finish its "
