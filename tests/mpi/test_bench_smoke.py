@@ -126,3 +126,14 @@ def test_compression_benchmark_matches_mxnet_and_saves_bytes(tmp_path):
         < summary["hybrid-mpi, uncompressed"]["wire"] / 8
     assert summary["hybrid-mpi pure PS, 2bit, threshold 0.5"]["loopback"] \
         < summary["hybrid-mpi pure PS, uncompressed"]["loopback"] * 0.7
+
+
+def test_ring_segments_benchmark_times_every_segment_size_on_correct_sums(tmp_path):
+    # the worker fails the run if any ring's sum differs from MPI's
+    table, results = run_bench("ring_segments", tmp_path, "--hosts", 0, "--ranks", 3,
+                               "--sizes-mb", 0.3, "--segments-kb", 4, 64, "--rounds", 2,
+                               "--repeats", 2)
+    times = results["times_ms"]
+    assert set(times) == {"MPI Allreduce", "ring (rule)", "ring 4 KB", "ring 64 KB"}
+    assert all(len(by_size["0.3"]) == 2 and min(by_size["0.3"]) > 0 for by_size in times.values())
+    assert "rule ÷ each ring" in table and "loopback, 3 ranks" in table
