@@ -192,6 +192,30 @@ class SparsePath:
         slot = self.slots.get(key)
         return slot is not None and slot.route is not None and slot.rows_on_servers
 
+    def push_prefetching_together(self, items) -> set:
+        """Of a checked push's row_sparse keys (``items``: ``(key, slot, arrays)``), those
+        whose rows go to the servers with the next step's ids, pushed in one gather and one
+        hand-out (``push_and_prefetch``) instead of one each: the path of a push with host
+        masters (a NMT's two tables: one meeting of the host less a step). Which keys qualify
+        is part of the call the ranks agreed on (a key's signature says whether it
+        prefetches), so every rank takes the same ones. Returns the keys pushed."""
+        ready = [(k, slot, arrays) for k, slot, arrays in items
+                 if slot.route == "servers" and slot.rows_on_servers and k in self._prefetch_ids]
+        if len(ready) < 2:   # (one key: push() does the same)
+            return set()
+        pushes = []
+        for k, slot, arrays in ready:
+            self._prefetched.pop(k, None)   # this push updates the rows it holds
+            ids = local_ids(arrays)
+            rx.count_rows(slot, ids, len(arrays))
+            pushes.append(rx.PushOfRows(k, slot, arrays, ids, *self._prefetch_ids.pop(k)))
+        prefetches = rx.push_and_prefetch(pushes, self.row_group, self.servers, self.engine,
+                                          self.hand_out_group, (None, "agreed"))
+        for (k, slot, _), prefetch in zip(ready, prefetches):
+            self._prefetched[k] = prefetch
+            self.mode.after_update(k, slot)
+        return {k for k, _, _ in ready}
+
     def push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
         """A checked push of row_sparse gradients, by the key's route."""
         self._push(key, slot, arrays, updater)

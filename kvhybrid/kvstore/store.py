@@ -296,8 +296,12 @@ class HybridMPIStore(mx.kv.KVStore):
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),
                                 f" of key {key!r}")
+        done = self.sparse.push_prefetching_together(
+            [(k, self._slots[k], v) for k, v, _ in work if v[0].stype == "row_sparse"])
         for k, value_k, _ in work:
             slot = self._slots[k]
+            if k in done:
+                continue
             if value_k[0].stype == "row_sparse":  # only the touched rows travel
                 self.sparse.push(k, slot, value_k, self._updater)
                 continue

@@ -262,3 +262,38 @@ def test_distributed_trainer_pushes_both_tables_rows_in_one_meeting(tables_job):
             after = seen["meetings_after_step"]
             assert [b - a for a, b in zip(after, after[1:])] == [want] * (STEPS - 1), \
                 (name, rank, after)
+
+
+@pytest.fixture(scope="module")
+def host_tables_job(tmp_path_factory):
+    """The two tables with rows aggregated per host (2 emulated hosts of 2 ranks, a server
+    each, --row-masters host), rows prefetched: through DistributedTrainer (both tables in one
+    push) and through gluon.Trainer (a push per table)."""
+    out = tmp_path_factory.mktemp("host-tables")
+    for name, fused in (("fused", "1"), ("gluon", "0")):
+        (out / name).mkdir()
+        r = run_launcher(["-n", 4, "--clients", 1, "--servers", 2, "--row-masters", "host"],
+                         "train_sparse.py", [out / name, 1, STEPS, PER_DEVICE, "tables"],
+                         timeout=240, env={"KVHYBRID_EMULATE_NODE_SIZE": "2",
+                                           "KVHYBRID_TEST_FUSED": fused,
+                                           "KVHYBRID_TEST_PREFETCH": "1"})
+        assert r.returncode == 0, r.output[-4000:]
+    return out
+
+
+def test_host_masters_push_both_tables_rows_in_one_gather_and_train_like_one_process(
+        host_tables_job):
+    # a host's master sees only its host's calls, so the group agrees on the push first; then
+    # both tables' rows and next ids go to the host's master in one gather (gluon.Trainer's
+    # push per table: an agreement and a gather each)
+    assert_matches_single_process(host_tables_job / "fused", "tables", 4, 1)
+    for rank in range(4):
+        got = np.load(host_tables_job / "fused" / f"tables-rank{rank}.npz")
+        want = np.load(host_tables_job / "gluon" / f"tables-rank{rank}.npz")
+        for name in want.files:
+            assert np.array_equal(got[name], want[name]), f"rank {rank} {name}"
+        for name, meetings in (("fused", 2), ("gluon", 4)):
+            seen = json.load(open(host_tables_job / name / f"tables-stats-rank{rank}.json"))
+            after = seen["meetings_after_step"]
+            assert [b - a for a, b in zip(after, after[1:])] == [meetings] * (STEPS - 1), \
+                (name, rank, after)
