@@ -166,20 +166,11 @@ class SparsePath:
         try:
             work, signature = signed()
             call = (None, str(signature))
-            pushes = []
-            for k, arrays, _ in work:
-                ids = local_ids(arrays)
-                rx.count_rows(self.slots[k], ids, len(arrays))
-                pushes.append(rx.PushOfRows(k, self.slots[k], arrays, ids, None))
+            pushes = [self._read_rows(k, self.slots[k], arrays) for k, arrays, _ in work]
         except KeyValueError as exc:
             call = (str(exc), None)
             pushes = [rx.PushOfRows(k, self.slots[k], None, None, None) for k in keys]
-        for p in pushes:
-            p.next_ids, p.handed = self._prefetch_ids.pop(p.key)
-        prefetches = rx.push_and_prefetch(pushes, self.row_group, self.servers, self.engine,
-                                          self.hand_out_group, call)
-        for p, prefetch in zip(pushes, prefetches):
-            self._prefetched[p.key] = prefetch
+        self._push_and_prefetch(pushes, call)
         return True
 
     def _prefetches_at_push(self, key) -> bool:
@@ -199,22 +190,32 @@ class SparsePath:
         masters (a NMT's two tables: one meeting of the host less a step). Which keys qualify
         is part of the call the ranks agreed on (a key's signature says whether it
         prefetches), so every rank takes the same ones. Returns the keys pushed."""
-        ready = [(k, slot, arrays) for k, slot, arrays in items
-                 if slot.route == "servers" and slot.rows_on_servers and k in self._prefetch_ids]
-        if len(ready) < 2:   # (one key: push() does the same)
-            return set()
-        pushes = []
-        for k, slot, arrays in ready:
-            self._prefetched.pop(k, None)   # this push updates the rows it holds
-            ids = local_ids(arrays)
-            rx.count_rows(slot, ids, len(arrays))
-            pushes.append(rx.PushOfRows(k, slot, arrays, ids, *self._prefetch_ids.pop(k)))
+        pushes = [self._read_rows(k, slot, arrays) for k, slot, arrays in items
+                  if slot.route == "servers" and slot.rows_on_servers
+                  and k in self._prefetch_ids]
+        if pushes:
+            self._push_and_prefetch(pushes, (None, "agreed"))   # (the call agreed already)
+        for p in pushes:
+            self.mode.after_update(p.key, p.slot)
+        return {p.key for p in pushes}
+
+    def _read_rows(self, key: Key, slot: KeySlot, arrays) -> rx.PushOfRows:
+        """This rank's push of ``key``: its gradient's row ids, read once (for α and for the
+        push)."""
+        ids = local_ids(arrays)
+        rx.count_rows(slot, ids, len(arrays))
+        return rx.PushOfRows(key, slot, arrays, ids, None)
+
+    def _push_and_prefetch(self, pushes, call) -> None:
+        """``rx.push_and_prefetch`` of ``pushes``, each with the next ids its key was handed;
+        their rows, on their way, replace the ones fetched for this step."""
+        for p in pushes:
+            self._prefetched.pop(p.key, None)
+            p.next_ids, p.handed = self._prefetch_ids.pop(p.key)
         prefetches = rx.push_and_prefetch(pushes, self.row_group, self.servers, self.engine,
-                                          self.hand_out_group, (None, "agreed"))
-        for (k, slot, _), prefetch in zip(ready, prefetches):
-            self._prefetched[k] = prefetch
-            self.mode.after_update(k, slot)
-        return {k for k, _, _ in ready}
+                                          self.hand_out_group, call)
+        for p, prefetch in zip(pushes, prefetches):
+            self._prefetched[p.key] = prefetch
 
     def push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
         """A checked push of row_sparse gradients, by the key's route."""
@@ -224,8 +225,8 @@ class SparsePath:
 
     def _push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
         self._prefetched.pop(key, None)   # this push updates the rows it holds
-        ids = local_ids(arrays)   # read once: for α and for the push
-        rx.count_rows(slot, ids, len(arrays))
+        push = self._read_rows(key, slot, arrays)
+        ids = push.ids
         if slot.route is None:
             slot.route = self._choose_route(key, slot)
         if slot.route == "dense":  # the whole gradient, summed like a dense key's
@@ -243,10 +244,7 @@ class SparsePath:
             self.placement.note_rows(self.slots)
             self.calls.forget()   # checked pushpull calls of this key no longer hold
         if slot.rows_on_servers and key in self._prefetch_ids:
-            push = rx.PushOfRows(key, slot, arrays, ids, *self._prefetch_ids.pop(key))
-            self._prefetched[key], = rx.push_and_prefetch(
-                [push], self.row_group, self.servers, self.engine, self.hand_out_group,
-                (None, "agreed"))   # the call agreed already
+            self._push_and_prefetch([push], (None, "agreed"))   # (the call agreed already)
         elif slot.rows_on_servers:
             rx.push_to_servers(key, slot, arrays, ids, self.row_group, self.servers)
             self._prefetch_ids.pop(key, None)

@@ -41,9 +41,14 @@ def segment_elements(n: int, itemsize: int, parts: int) -> int:
     return max(1, nbytes // itemsize)
 
 
+def _longest_segment(n: int, itemsize: int, parts: int) -> int:
+    return min(segment_elements(n, itemsize, parts), -(-n // parts))
+
+
 def workspace_elements(n: int, itemsize: int, parts: int) -> int:
-    """Scratch ``ring_allreduce`` needs for ``n`` elements over ``parts`` ranks."""
-    return WINDOW * min(segment_elements(n, itemsize, parts), -(-n // parts))
+    """Scratch ``ring_allreduce`` needs for ``n`` elements over ``parts`` ranks: a slot of
+    the longest segment for each receive in flight."""
+    return WINDOW * _longest_segment(n, itemsize, parts)
 
 
 def ring_allreduce(view: np.ndarray, comm, MPI, workspace: np.ndarray,
@@ -61,7 +66,7 @@ def ring_allreduce(view: np.ndarray, comm, MPI, workspace: np.ndarray,
     right, left = (rank + 1) % size, (rank - 1) % size
     bounds = _bounds(view.size, size)
     seg = segment_elements(view.size, view.itemsize, size)
-    slot_size = min(seg, -(-view.size // size))   # the longest segment (workspace_elements)
+    slot_size = _longest_segment(view.size, view.itemsize, size)
     raw, item = view.view(np.uint8), view.itemsize
 
     def segments(chunk: int) -> List[Tuple[int, int]]:
