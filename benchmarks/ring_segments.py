@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from .common import footer, grouped_bars, run_job, save_figure, save_worker_result, \
+from .common import footer, grouped_bars, run_job, save_figure, save_worker_result, timed, \
     write_outputs
 
 log = logging.getLogger("benchmarks")
@@ -54,7 +54,6 @@ def worker(args) -> None:
     from mpi4py import MPI
     from kvhybrid.tensor_collectives import ring
     from kvhybrid.tensor_collectives.ops import wait_all_patiently, wait_patiently
-    from .common import timed
 
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
@@ -95,32 +94,30 @@ def worker(args) -> None:
 
 
 def launch(args) -> dict:
+    """Run the worker as ``kvhybrid-launch`` would start its ranks: over the emulated hosts'
+    namespaces, or on this machine through shared memory."""
+    from kvhybrid.launch.cli import netns_mpi_args, one_machine_mpi_args
+    from kvhybrid.launch.mpirun import MpiJob, build_command, find_mpirun, flavour
+    from kvhybrid.launch.transport import wrap
     here = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(here), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    mpirun = find_mpirun()
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        argv = [a for a in sys.argv[1:]] + ["--worker", str(result)]
-        command = [sys.executable, "-m", "benchmarks.ring_segments"] + argv
-        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        command = [sys.executable, "-m", "benchmarks.ring_segments", *sys.argv[1:],
+                   "--worker", str(result)]
         if args.hosts:
-            from kvhybrid.launch.cli import netns_mpi_args
             from .cluster import EmulatedCluster
             with EmulatedCluster(hosts=args.hosts, rate=args.rate) as cluster:
-                hostfile = cluster.hostfile(Path(tmp) / "hosts", slots=1)
-                host = cluster.names[0]
-                mpirun = ["ip", "netns", "exec", host, "unshare", "--uts", "--", "sh", "-c",
-                          'hostname "$0" && exec "$@"', host, "mpirun", "-np",
-                          str(args.hosts), *root, "--hostfile", str(hostfile), "--bind-to",
-                          "none", *netns_mpi_args(), "-x", "PATH", "-x", "PYTHONPATH",
-                          "-x", "OMP_NUM_THREADS"]
-                run_job(mpirun + command, env, args.timeout, "the ring job", "ring_segments",
-                        cwd=str(here))
+                job = MpiJob(args.hosts, command, extra_args=netns_mpi_args(),
+                             hostfile=str(cluster.hostfile(Path(tmp) / "hosts", slots=1)))
+                cmd = wrap("netns", cluster.names[0],
+                           build_command(job, mpirun, flavour(mpirun), env), {}, env)
+                run_job(cmd, env, args.timeout, "the ring job", "ring_segments", cwd=str(here))
         else:
-            mpirun = ["mpirun", "-np", str(args.ranks), *root, "--oversubscribe", "--bind-to",
-                      "none", "--mca", "btl", "self,vader", "-x", "PATH", "-x", "PYTHONPATH",
-                      "-x", "OMP_NUM_THREADS"]
-            run_job(mpirun + command, env, args.timeout, "the ring job", "ring_segments",
-                    cwd=str(here))
+            job = MpiJob(args.ranks, command, extra_args=one_machine_mpi_args([], env))
+            run_job(build_command(job, mpirun, flavour(mpirun), env), env, args.timeout,
+                    "the ring job", "ring_segments", cwd=str(here))
         return json.loads(result.read_text())
 
 
