@@ -107,8 +107,7 @@ class DensePath:
             call.engine_plan = overlap.plan(call.work, self.slots, self.bucket_bytes,
                                             self.shared_grads)
         buckets_, rest = call.engine_plan
-        for bucket in buckets_:
-            overlap.run(bucket, self.engine, updater)
+        overlap.run(buckets_, self.engine, updater)
         return rest
 
     def _fused(self, call: CheckedCall, updater):

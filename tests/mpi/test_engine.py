@@ -37,6 +37,14 @@ def test_a_failing_collective_completes_and_raises_on_the_callers_thread(seen):
         assert s["error"] and "broken-bucket" in s["error"] and "injected failure" in s["error"], s
 
 
+def test_a_lone_pushpull_sums_in_its_own_array_and_leaves_values_it_must_keep(seen):
+    # two calls of one key, no out: both summed in place (no copy in or out), the second
+    # summing the first's sums; an out keeps the value; one array for two keys is copied
+    assert all(s["lone_in_place"] == 2 for s in seen), seen
+    assert all(s["lone_sums_right"] for s in seen), seen
+    assert all(s["lone_out_and_shared_right"] for s in seen), seen
+
+
 def test_pushpull_returns_while_backward_runs_and_updates_right(seen):
     assert all(s["pushpull_early"] for s in seen), seen
     assert all(s["bias_right"] for s in seen), seen

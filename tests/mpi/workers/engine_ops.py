@@ -7,6 +7,8 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
 - returns_early: submit returns while its inputs are still being computed;
 - failure: a collective that raises still completes its engine operation (waitall
   returns) and the error reaches the caller's thread, naming the operation;
+- lone_*: a one-key pushpull with no out is summed in the key's own array (in place);
+  with an out the value stays, and an array named for two keys of one call is copied;
 - pushpull_early: a store pushpull after backward returns before the engine has run its
   buckets, and the weights it updates are right once the engine is done;
 - shared_key_right: two pushpull calls that share a key, alternating, with the store's
@@ -111,6 +113,28 @@ except KVHybridError as exc:
     seen["error"] = str(exc)
 comm.close()
 gate.close()
+
+# a lone key's pushpull with no out is summed in its own array (no copy in or out); with
+# an out, or when the call names one array for two keys, the value stays as it is
+total = size * (size + 1) / 2   # the ranks' (rank + 1) summed
+big = (600, 500)   # 1.2 MB: past the first bucket's bound, so two such keys are two buckets
+for k in (300, 301):
+    kv.init(k, mx.nd.zeros(big))
+lone = mx.nd.ones(big) * (rank + 1)
+before = kv.engine.group.fused_in_place
+kv.pushpull(300, lone)
+kv.pushpull(300, lone)   # the second call sums the first's sums
+mx.nd.waitall()
+seen["lone_in_place"] = kv.engine.group.fused_in_place - before
+seen["lone_sums_right"] = bool(np.allclose(lone.asnumpy(), total * size))
+kept, dst = mx.nd.ones(big) * (rank + 1), mx.nd.zeros(big)
+kv.pushpull(300, kept, out=dst)
+twice = mx.nd.ones(big) * (rank + 1)
+kv.pushpull([300, 301], [twice, twice])
+mx.nd.waitall()
+seen["lone_out_and_shared_right"] = bool(
+    np.allclose(kept.asnumpy(), rank + 1) and np.allclose(dst.asnumpy(), total)
+    and np.allclose(twice.asnumpy(), total))
 
 # the store: pushpull of a slow backward returns before its buckets ran
 net = gluon.nn.Dense(400, in_units=400)
