@@ -11,7 +11,6 @@ accelerator go through a pinned host staging buffer.
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Callable, List, Sequence, Union
 
@@ -134,17 +133,9 @@ def allreduce_array(arr: NDArray, op: str = "sum", group: Group = None, name: st
 LONGEST_SLEEP = 1e-4
 
 
-#: how long a patient wait tests without sleeping first (yielding the core to any thread
-#: that wants it). A small sum whose ranks arrive together is done within it: a lone
-#: 256 KB pushpull on 2 ranks took 0.37 ms from call to sum with sleeps from the first
-#: test (the communication thread's agreement and bucket each slept 50 us or more) and
-#: 0.10 ms with this
-SPIN_SECONDS = 50e-6
-
-
 def wait_patiently(request) -> None:
-    """Wait for a non-blocking MPI request: testing for ``SPIN_SECONDS``, then sleeping
-    between tests (50 us growing to ``LONGEST_SLEEP``).
+    """Wait for a non-blocking MPI request, sleeping between tests (50 us growing to
+    ``LONGEST_SLEEP``).
 
     For waits on another rank's network round trip (a group master talking to the
     servers): MPI's blocking calls spin, and on a host with more processes than cores the
@@ -161,11 +152,6 @@ def wait_all_patiently(requests, MPI) -> None:
 
 
 def _sleep_until(done: Callable[[], bool]) -> None:
-    until = time.perf_counter() + SPIN_SECONDS
-    while time.perf_counter() < until:   # the usual case: the others are about there
-        if done():
-            return
-        os.sched_yield()
     delay = 50e-6
     while not done():
         time.sleep(delay)
