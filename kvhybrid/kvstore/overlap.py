@@ -8,10 +8,12 @@ backward writes them), a small first bucket and then ``KVHYBRID_BUCKET_BYTES`` e
 as PyTorch DDP's reducer does. Each step, per bucket:
 
 1. the engine copies the bucket's gradients (summed over the worker's devices) into
-   the bucket's own host buffer, as soon as backward has written them (one ``concat``
-   for the bucket where every key has one array there); a bucket whose (first device's)
-   gradients already lie in one buffer in that order (``DistributedTrainer`` lays them
-   out so, ``share_gradient_buffer``) is summed where it lies, with no copy;
+   the bucket's own host buffer, as soon as backward has written them; a bucket whose
+   (first device's) gradients already lie in one buffer in that order
+   (``DistributedTrainer`` lays them out so, ``share_gradient_buffer``), or a lone key's
+   own array, is summed where it lies, with no copy. Where the call gives outs
+   (``update_on_kvstore``: the gradients must stay as they are) such a buffer is copied
+   whole, in one copy;
 2. one engine operation allreduces the buffer (``EngineComm``): it starts when the
    copies are done and runs on the communication thread while backward goes on;
 3. the optimizer's update (``update_on_kvstore``) or the copy back into the
@@ -59,8 +61,12 @@ class _Item:
 class EngineBucket:
     """Keys of one dtype whose sum is one engine-scheduled allreduce."""
 
-    def __init__(self, items: List[_Item], buffer: NDArray, in_place: bool, name: str):
+    def __init__(self, items: List[_Item], buffer: NDArray, in_place: bool, name: str,
+                 source: Optional[NDArray] = None):
         self.items, self.buffer, self.in_place, self.name = items, buffer, in_place, name
+        #: the shared gradient buffer the items lie in, in order, where the bucket must copy
+        #: them (outs given: with update_on_kvstore): one copy instead of one per key
+        self.source = source
         self.dtype = items[0].slot.dtype
         self.count = sum(it.slot.count for it in items)
         self.weights: Optional[_Weights] = None   # with an optimizer: see _update
@@ -87,11 +93,13 @@ class GradientBuffers:
         if offset != base.size:
             raise ValueError(f"the views cover {offset} of the buffer's {base.size} elements")
 
-    def base_of(self, items: List[_Item]) -> Optional[NDArray]:
-        """The buffer the items' gradients lie in back to back, covering it, or None."""
+    def base_of(self, items: List[_Item], outs_ok: bool = False) -> Optional[NDArray]:
+        """The buffer the items' (first device's) gradients lie in back to back, covering
+        it, or None. Not where an item has an out (its gradient must stay as it is) unless
+        ``outs_ok``: the caller only reads the buffer."""
         base, expect = None, 0
         for it in items:
-            if it.out is not None:   # the gradients must stay as they are
+            if it.out is not None and not outs_ok:
                 return None
             where = self._where.get(it.value[0].handle.value)
             if where is None or (base is not None and where[0] is not base) \
@@ -128,17 +136,20 @@ def plan(work, slots: Dict[Key, KeySlot], bucket_bytes: int, shared: GradientBuf
         base = shared.base_of(members)
         if base is None:
             base = _own_array(members, seen)
+        source = None
         if base is not None and is_host(base):
             buffer, in_place = base, True
         else:
             total = sum(it.slot.count for it in members)
             buffer = mx.nd.zeros((total,), ctx=mx.cpu(), dtype=members[0].slot.dtype)
             in_place = False
+            if all(len(it.value) == 1 for it in members):
+                source = shared.base_of(members, outs_ok=True)
         start = 0
         for it in members:
             it.total = buffer[start:start + it.slot.count].reshape(it.slot.shape)
             start += it.slot.count
-        plan_.append(EngineBucket(members, buffer, in_place, name))
+        plan_.append(EngineBucket(members, buffer, in_place, name, source))
     done = {it.key for it in items}
     return plan_, [w for w in work if w[0] not in done]
 
@@ -205,6 +216,9 @@ def run(buckets_: Sequence[EngineBucket], comm: EngineComm, updater, priority: i
 
 
 def _gather(bucket: EngineBucket) -> None:
+    if bucket.source is not None:
+        bucket.source.copyto(bucket.buffer)
+        return
     for it in bucket.items:   # the sum over this worker's devices, into the bucket
         arrays = it.value
         if len(arrays) > 1:   # (in place, it.total is the first device's gradient itself)
