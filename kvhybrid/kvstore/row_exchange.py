@@ -127,9 +127,11 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     error, signature = call
     agreement = np.array([1 if error else 0, 0 if error else digest(signature)], np.int64)
     keys = ", ".join(repr(p.key) for p in pushes)
+    # the ranks that only send go on at once: the verdict and their rows come back in the
+    # hand-out, which they wait for (the communication thread, then the next pull)
     gathered = gather_patiently(arrays + [agreement], group, root=0,
                                 name=f"the push of key(s) {keys} (their rows, the ranks' calls "
-                                     "and the next step's row ids)")
+                                     "and the next step's row ids)", background=True)
     prefetches = [Prefetch(p.key, p.next_ids, p.handed) for p in pushes]
     fetches: List[Optional[tuple]] = [None] * len(pushes)   # (union, wanted, fetch) per key
     failed = False

@@ -68,7 +68,8 @@ def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, name: str = "ro
 
 
 def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
-                     name: str = "rows") -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
+                     name: str = "rows", background: bool = False,
+                     ) -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
     """Every rank's ``arrays`` on ``root`` (None elsewhere): for each position, the ranks'
     arrays concatenated in rank order and each rank's length (``by_rank`` splits them
     without a copy). Position i holds one dtype and one row shape on every rank; the
@@ -80,7 +81,10 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     and every array of a rank, packed as bytes, in one ``Igatherv`` (one message per rank
     however many arrays); the ranks that only send post both at once and wait for them
     without spinning (``wait_all_patiently``); the root, the one rank that must go on at
-    once, waits on MPI."""
+    once, waits on MPI. ``background``: the ranks that only send do not wait at all
+    (``Group.send_later``), for a caller that learns what the root did another way.
+    Every rank must pass the same."""
+    group.finish_sends(f"the gather of {name}")
     comm, is_root = group.comm, group.rank == root
     counts = np.array([len(a) for a in arrays], dtype=np.int64)
     units = np.array([a.dtype.itemsize * math.prod(a.shape[1:]) for a in arrays], np.int64)
@@ -95,6 +99,8 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
             sizes = table @ units   # bytes from each rank
             buf = np.empty(int(sizes.sum()), dtype=np.uint8)
             comm.Igatherv(packed, [buf, sizes], root=root).Wait()
+        elif background:
+            group.send_later([first, comm.Igatherv(packed, None, root=root)], (counts, packed))
         else:
             wait_all_patiently([first, comm.Igatherv(packed, None, root=root)], group.MPI)
     group.bytes_sent["rows"] += packed.nbytes

@@ -203,6 +203,20 @@ def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_noth
         assert got["requests_sent"] == 0, got
 
 
+def test_a_prefetching_push_does_not_wait_for_a_late_master_and_pulls_updated_rows(tmp_path):
+    """The ranks that only send their rows to the master go on without waiting for it (the
+    rows go in the background; the verdict and the next rows come in the hand-out): rank 1
+    returns from its push while the master is still HOLD seconds away, and what both pull
+    next is the servers' update of both pushes."""
+    r = run_launcher(["-n", 2, "--servers", 1], "prefetch_background_send.py", [tmp_path],
+                     timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    got = [json.load(open(tmp_path / f"background-rank{rank}.json")) for rank in range(2)]
+    assert got[1]["push_seconds"] < got[1]["hold"] / 2, got   # (it would wait HOLD s for the master)
+    for g in got:   # ones, minus lr 1 × two pushes of the rows 0 and 10 (rank 0), 1 and 11
+        assert g["indices"] == [0, 1, 10, 11] and g["pulled"] == [[-1.0, -1.0]] * 4, g
+
+
 def test_a_pull_the_prefetched_rows_miss_on_one_rank_is_served_by_the_others_next_call(tmp_path):
     """Rank 0's pull is among the prefetched rows, rank 1's is not: rank 0 goes on without
     meeting anyone and serves rank 1's plain pull at its next call, or at its next pull in
