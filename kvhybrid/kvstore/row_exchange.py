@@ -26,6 +26,7 @@ from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ndarray_view import host_row_sparse, new_host_row_sparse
+from ..tensor_collectives.ops import wait_all_patiently
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows)
 from .agreement import digest, explain
@@ -128,10 +129,12 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     agreement = np.array([1 if error else 0, 0 if error else digest(signature)], np.int64)
     keys = ", ".join(repr(p.key) for p in pushes)
     # the ranks that only send go on at once: the verdict and their rows come back in the
-    # hand-out, which they wait for (the communication thread, then the next pull)
+    # hand-out, which they wait for (the communication thread, then the next pull); that
+    # thread first waits for the send, so that MPI moves it on while the caller computes
     gathered = gather_patiently(arrays + [agreement], group, root=0,
                                 name=f"the push of key(s) {keys} (their rows, the ranks' calls "
                                      "and the next step's row ids)", background=True)
+    sends = group.take_sends()   # (their buffers stay alive in the closure below)
     prefetches = [Prefetch(p.key, p.next_ids, p.handed) for p in pushes]
     fetches: List[Optional[tuple]] = [None] * len(pushes)   # (union, wanted, fetch) per key
     failed = False
@@ -152,6 +155,11 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     row_bytes = [p.slot.dtype.itemsize * math.prod(p.slot.shape[1:]) for p in pushes]
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
+        if sends:   # (not a meeting: the master does not wait here)
+            with hand_out_group.watchdog.waiting(
+                    lambda: f"the master to take this rank's rows of key(s) {keys}",
+                    collective=False):
+                wait_all_patiently([r for requests, _ in sends for r in requests], group.MPI)
         # the rows' arrays first: their indices' engine round trips are made while the
         # master still waits for the servers, not after
         made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]

@@ -95,6 +95,12 @@ class Group:
         rank: what the root makes of the gather comes back another way."""
         self._sends.append((requests, buffers))
 
+    def take_sends(self) -> List[Tuple[list, tuple]]:
+        """Hand the sends ``send_later`` left to another thread to finish (its MPI calls
+        move them on: a rank must call MPI for a large send to progress)."""
+        sends, self._sends = self._sends, []
+        return sends
+
     def finish_sends(self, what: str) -> None:
         """Wait, patiently, for the sends ``send_later`` left (before ``what``, the next
         gather: they finished long ago unless the root is stuck, which the watchdog names)."""
