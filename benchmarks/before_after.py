@@ -65,7 +65,8 @@ def _run(tree: Path, args, out: Path) -> Dict[str, dict]:
     """One ``benchmarks.models`` run in ``tree``: {model: {system: result}}."""
     cmd = [sys.executable, "-m", "benchmarks.models", "--models", *args.models,
            "--systems", *args.systems, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--workers", str(args.workers), "--out", str(out), "--name", "run"]
+           "--workers", str(args.workers), "--tokens", str(args.tokens), "--out", str(out),
+           "--name", "run"]
     if args.hosts:   # both trees on emulated hosts of the same rate
         cmd += ["--hosts", str(args.hosts), "--rate", args.rate]
     # run in the tree: ``python -m`` puts the working directory first on the path, before
@@ -120,6 +121,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=50, help="words per sample (sets α)")
     p.add_argument("--hosts", type=int, default=0,
                    help="emulated hosts (benchmarks.models --hosts; root only); 0: loopback")
     p.add_argument("--rate", default="1gbit", help="their links' bandwidth, with --hosts")
@@ -167,7 +169,7 @@ def main(argv=None) -> None:
     where = f"{args.hosts} emulated hosts at {args.rate}" if args.hosts else "loopback"
     table = "\n".join([
         f"# kvhybrid before ({base}) and after ({after}), {where}, {args.workers} workers,"
-        f" {args.rounds} round(s) with the order alternated", "",
+        f" {args.tokens} words per sample, {args.rounds} round(s) with the order alternated", "",
         _table(rounds, args), "",
         f"Median step after warm-up ({args.warmup} of {args.steps} steps) of each run, median "
         "over the rounds; the ratio is after's throughput ÷ before's in the same round.", "",

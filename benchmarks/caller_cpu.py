@@ -113,17 +113,17 @@ class Tally:
 
 
 def worker(argv: List[str]) -> None:
-    """One rank: wrap, train (``benchmarks.model_worker``), write ``cpu-rank<r>.json``."""
+    """One worker: wrap, train (``benchmarks.model_worker``), write ``cpu-<pid>.json``."""
     from . import model_worker
     args = model_worker.parse_args(argv)
     tally = Tally(args.warmup)
     for module, path, label in TIMED:
         tally.wrap(module, path, label)
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
 
     def write() -> None:   # (the final loss's forward pass is counted: one of many steps)
         steps = args.steps - args.warmup
-        with open(os.path.join(args.out, f"cpu-rank{rank}.json"), "w") as f:
+        # (a client per worker runs an mpirun each: every one is rank 0 of its own job)
+        with open(os.path.join(args.out, f"cpu-{os.getpid()}.json"), "w") as f:
             json.dump({"total": (time.thread_time_ns() - tally.start_ns) / steps / 1e3,
                        "us_per_step": {k: v / steps / 1e3 for k, v in tally.cpu_ns.items()},
                        "calls_per_step": {k: v / steps for k, v in tally.calls.items()}}, f)
@@ -141,7 +141,11 @@ def run_system(args, model: str, name: str, tmp: str) -> Dict:
            "--system", system, "--out", out, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--tokens", str(args.tokens)]
     run_job(cmd, dict(os.environ), args.timeout, f"{model} on {name}", "caller_cpu")
-    return _combine([json.loads(p.read_text()) for p in Path(out).glob("cpu-rank*.json")],
+    readings = list(Path(out).glob("cpu-*.json"))
+    if len(readings) != args.workers:
+        raise SystemExit(f"caller_cpu: {model} on {name} left {len(readings)} readings for "
+                         f"{args.workers} workers")
+    return _combine([json.loads(p.read_text()) for p in readings],
                     statistics.mean)
 
 
