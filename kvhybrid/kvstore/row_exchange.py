@@ -89,6 +89,9 @@ class Prefetch:
         #: of exactly ``ids`` copies it into its out, waiting for nothing
         self.array: Optional[NDArray] = None
         self.ready = threading.Event()
+        #: this rank's part of the push's gather, sent in the background (its buffers must
+        #: outlive the send even if the communication thread fails and skips the hand-out)
+        self.sends: list = []
 
 
 @dataclass
@@ -134,8 +137,10 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     gathered = gather_patiently(arrays + [agreement], group, root=0,
                                 name=f"the push of key(s) {keys} (their rows, the ranks' calls "
                                      "and the next step's row ids)", background=True)
-    sends = group.take_sends()   # (their buffers stay alive in the closure below)
+    sends = group.take_sends()   # (their buffers stay alive with the prefetches)
     prefetches = [Prefetch(p.key, p.next_ids, p.handed) for p in pushes]
+    for prefetch in prefetches:
+        prefetch.sends = sends
     fetches: List[Optional[tuple]] = [None] * len(pushes)   # (union, wanted, fetch) per key
     failed = False
     if group.rank == 0:
