@@ -26,8 +26,8 @@ from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ndarray_view import host_row_sparse, new_host_row_sparse
-from ..tensor_collectives.ops import wait_all_patiently
-from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
+from ..tensor_collectives.rows import (PendingSend, allreduce_rows, by_rank,
+                                       gather_in_background, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows)
 from .agreement import digest, explain
 from .keys import Key, KeySlot
@@ -91,7 +91,7 @@ class Prefetch:
         self.ready = threading.Event()
         #: this rank's part of the push's gather, sent in the background (its buffers must
         #: outlive the send even if the communication thread fails and skips the hand-out)
-        self.sends: list = []
+        self.sending: Optional[PendingSend] = None
 
 
 @dataclass
@@ -134,13 +134,13 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     # the ranks that only send go on at once: the verdict and their rows come back in the
     # hand-out, which they wait for (the communication thread, then the next pull); that
     # thread first waits for the send, so that MPI moves it on while the caller computes
-    gathered = gather_patiently(arrays + [agreement], group, root=0,
-                                name=f"the push of key(s) {keys} (their rows, the ranks' calls "
-                                     "and the next step's row ids)", background=True)
-    sends = group.take_sends()   # (their buffers stay alive with the prefetches)
+    gathered, sending = gather_in_background(
+        arrays + [agreement], group, root=0,
+        name=f"the push of key(s) {keys} (their rows, the ranks' calls and the next step's "
+             "row ids)")
     prefetches = [Prefetch(p.key, p.next_ids, p.handed) for p in pushes]
-    for prefetch in prefetches:
-        prefetch.sends = sends
+    for prefetch in prefetches:   # (the send's buffers stay alive with them)
+        prefetch.sending = sending
     fetches: List[Optional[tuple]] = [None] * len(pushes)   # (union, wanted, fetch) per key
     failed = False
     if group.rank == 0:
@@ -160,11 +160,8 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     row_bytes = [p.slot.dtype.itemsize * math.prod(p.slot.shape[1:]) for p in pushes]
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
-        if sends:   # (not a meeting: the master does not wait here)
-            with hand_out_group.watchdog.waiting(
-                    lambda: f"the master to take this rank's rows of key(s) {keys}",
-                    collective=False):
-                wait_all_patiently([r for requests, _ in sends for r in requests], group.MPI)
+        if sending is not None:
+            sending.wait(hand_out_group, f"the master to take this rank's rows of key(s) {keys}")
         # the rows' arrays first: their indices' engine round trips are made while the
         # master still waits for the servers, not after
         made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -13,9 +13,6 @@ from .mpi_env import load_mpi
 from .watchdog import Watchdog, install_abort_on_uncaught_exception
 
 log = logging.getLogger("kvhybrid")
-
-#: sends of closed groups that never finished (their buffers must outlive them)
-_UNFINISHED: List[Tuple[list, tuple]] = []
 
 
 @dataclass(frozen=True)
@@ -58,9 +55,6 @@ class Group:
         self.fused_calls = 0
         #: of those, the ones reduced where the gradients lie (no copies)
         self.fused_in_place = 0
-        #: gathers this rank sent without waiting for the root (``send_later``): their
-        #: requests, and the buffers MPI reads until they finish
-        self._sends: List[Tuple[list, tuple]] = []
 
     @classmethod
     def world(cls, settings: GroupSettings, allow_singleton: bool = False,
@@ -89,38 +83,7 @@ class Group:
             self._staging[key] = buf
         return buf
 
-    def send_later(self, requests: list, buffers: tuple) -> None:
-        """Let a non-root rank's part of a gather finish while it goes on (MPI moves it when
-        the root arrives); ``buffers`` stay alive until then. Nothing waits for it on this
-        rank: what the root makes of the gather comes back another way."""
-        self._sends.append((requests, buffers))
-
-    def take_sends(self) -> List[Tuple[list, tuple]]:
-        """Hand the sends ``send_later`` left to another thread to finish (its MPI calls
-        move them on: a rank must call MPI for a large send to progress)."""
-        sends, self._sends = self._sends, []
-        return sends
-
-    def finish_sends(self, what: str) -> None:
-        """Wait, patiently, for the sends ``send_later`` left (before ``what``, the next
-        gather: they finished long ago unless the root is stuck, which the watchdog names)."""
-        if not self._sends:
-            return
-        from .ops import wait_all_patiently
-        requests = [r for reqs, _ in self._sends for r in reqs]
-        with self.watchdog.waiting(lambda: f"the root of an earlier gather on group {self.name} "
-                                           f"to take this rank's part (before {what})",
-                                   collective=False):   # (counted when it was entered)
-            wait_all_patiently(requests, self.MPI)
-        self._sends.clear()
-
     def close(self) -> None:
-        if self._sends and not self.MPI.Request.Testall([r for reqs, _ in self._sends
-                                                         for r in reqs]):
-            log.warning("kvhybrid: %d gather(s) on group %s were not taken by their root; "
-                        "their buffers are kept until MPI finalizes", len(self._sends), self.name)
-            _UNFINISHED.extend(self._sends)
-        self._sends = []
         self.watchdog.close()
         self._staging.clear()
         # The communicator is not freed here: MPI_Comm_free is collective, and a
