@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from .common import footer, run_job, save_figure, write_outputs
-from .models import SYSTEMS, launcher_args
+from .common import footer, resolve, save_figure, write_outputs
+from .models import run_wrapped_workers
 
 log = logging.getLogger("benchmarks")
 
@@ -87,12 +87,7 @@ class Tally:
             self.start_ns = time.thread_time_ns()
 
     def wrap(self, module: str, path: str, label: str) -> None:
-        import importlib
-        owner = importlib.import_module(module)
-        *outer, name = path.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
-        original = getattr(owner, name)
+        owner, name, original = resolve(module, path)
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
@@ -133,15 +128,7 @@ def worker(argv: List[str]) -> None:
 
 
 def run_system(args, model: str, name: str, tmp: str) -> Dict:
-    system, shape, _ = SYSTEMS[name]
-    out = tempfile.mkdtemp(dir=tmp)
-    cmd = [sys.executable, "-m", "kvhybrid.launch.cli",
-           *launcher_args(shape, args.workers, args.servers),
-           "python", "-m", "benchmarks.caller_cpu", "--worker", "--model", model,
-           "--system", system, "--out", out, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--tokens", str(args.tokens)]
-    run_job(cmd, dict(os.environ), args.timeout, f"{model} on {name}", "caller_cpu")
-    readings = list(Path(out).glob("cpu-*.json"))
+    readings = list(run_wrapped_workers("caller_cpu", args, model, name, tmp).glob("cpu-*.json"))
     if len(readings) != args.workers:
         raise SystemExit(f"caller_cpu: {model} on {name} left {len(readings)} readings for "
                          f"{args.workers} workers")

@@ -1,13 +1,14 @@
 """What the benchmarks share: timing a call on every rank, running a job, bar charts."""
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 log = logging.getLogger("benchmarks")
 
@@ -24,6 +25,17 @@ def timed(fn: Callable[[], None], repeats: int, warmup: int, barrier) -> List[fl
         fn()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def resolve(module: str, path: str) -> Tuple[object, str, object]:
+    """(the object that holds the last name of the dotted ``path`` inside ``module``, that
+    name, what it holds now): where a wrapping benchmark (caller_cpu, step_timeline) puts
+    its wrapper."""
+    owner = importlib.import_module(module)
+    *outer, name = path.split(".")
+    for part in outer:
+        owner = getattr(owner, part)
+    return owner, name, getattr(owner, name)
 
 
 def run_job(cmd: Sequence[str], env: Mapping[str, str], timeout: float, what: str,

@@ -81,6 +81,22 @@ def launcher_args(shape: str, workers: int, servers: int) -> List[str]:
     return ["-n", str(workers), "--clients", str(clients), "--servers", str(servers)]
 
 
+def run_wrapped_workers(benchmark: str, args, model: str, name: str, tmp: str) -> Path:
+    """Train ``model`` on system ``name`` (``SYSTEMS``) with every worker started as
+    ``python -m benchmarks.<benchmark> --worker`` (a benchmark that wraps calls around
+    ``benchmarks.model_worker``: ``args`` has its steps, warmup, tokens, workers, servers,
+    timeout); returns the folder the workers wrote their readings to."""
+    system, shape, _ = SYSTEMS[name]
+    out = tempfile.mkdtemp(dir=tmp)
+    cmd = [sys.executable, "-m", "kvhybrid.launch.cli",
+           *launcher_args(shape, args.workers, args.servers),
+           "python", "-m", f"benchmarks.{benchmark}", "--worker", "--model", model,
+           "--system", system, "--out", out, "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--tokens", str(args.tokens)]
+    run_job(cmd, dict(os.environ), args.timeout, f"{model} on {name}", benchmark)
+    return Path(out)
+
+
 def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
     system, shape, all_ar = SYSTEMS[name]
     out = tempfile.mkdtemp(dir=tmp)
