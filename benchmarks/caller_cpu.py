@@ -131,7 +131,8 @@ def run_system(args, model: str, name: str, tmp: str) -> Dict:
     readings = list(run_wrapped_workers("caller_cpu", args, model, name, tmp).glob("cpu-*.json"))
     if len(readings) != args.workers:
         raise SystemExit(f"caller_cpu: {model} on {name} left {len(readings)} readings for "
-                         f"{args.workers} workers")
+                         f"{args.workers} workers: a worker ended before it wrote its reading "
+                         "(its output is above)")
     return _combine([json.loads(p.read_text()) for p in readings],
                     statistics.mean)
 

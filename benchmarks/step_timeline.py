@@ -121,7 +121,7 @@ def worker(argv: List[str]) -> None:
     def write() -> None:
         rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
         with open(os.path.join(args.out, f"events-{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "warmup": args.warmup, "events": recorder.events}, f)
+            json.dump({"rank": rank, "events": recorder.events}, f)
 
     atexit.register(write)
     model_worker.main(argv)
@@ -188,7 +188,9 @@ def run(args, model: str, tmp: str) -> Dict:
         got = json.loads(path.read_text())
         ranks[got["rank"]] = [tuple(e) for e in got["events"]]
     if sorted(ranks) != list(range(args.workers)):
-        raise SystemExit(f"step_timeline: {model} left readings of ranks {sorted(ranks)}")
+        raise SystemExit(f"step_timeline: {model} left readings of ranks {sorted(ranks)}, not "
+                         f"0 to {args.workers - 1}: a worker ended before it wrote its "
+                         "events (its output is above)")
     return timeline(ranks, args.warmup)
 
 
@@ -200,8 +202,7 @@ def table(results: Dict[str, Dict], workers: int) -> str:
                       f"rank {r}{' (master)' if r == 0 else ''}" for r in range(workers)) + " |",
                   "|---|" + "---:|" * workers]
         for label in res["labels"]:
-            cells = [res["medians"][label].get(str(r), res["medians"][label].get(r))
-                     for r in range(workers)]
+            cells = [res["medians"][label].get(r) for r in range(workers)]
             lines.append(f"| {label} | " + " | ".join("" if c is None else f"{c:+.2f}"
                                                       for c in cells) + " |")
         lines.append("")
@@ -216,8 +217,7 @@ def plot(results: Dict[str, Dict], workers: int, path: Path) -> None:
         len(r["labels"]) for r in results.values())), squeeze=False)
     for ax, (model, res) in zip(axes[0], results.items()):
         for r in range(workers):
-            xs = [res["medians"][lab].get(str(r), res["medians"][lab].get(r))
-                  for lab in res["labels"]]
+            xs = [res["medians"][lab].get(r) for lab in res["labels"]]
             ys = [i + 0.15 * (r - workers / 2) for i in range(len(xs))]
             ax.scatter([x for x in xs if x is not None],
                        [y for x, y in zip(xs, ys) if x is not None], s=12,

@@ -35,9 +35,9 @@ kv.push("w", grad())                          # the first push decides the route
 kv.prefetch_rows("w", ids)
 if rank == 0:
     time.sleep(HOLD)
-started = time.time()   # (one machine, one clock: the ranks' times compare)
+started = time.monotonic()   # (one machine, one system-wide clock: the ranks' times compare)
 kv.push("w", grad())                          # two pushes: rows 0, 1, 10, 11 are now -1
-returned = time.time()
+returned = time.monotonic()
 out = mx.nd.sparse.zeros("row_sparse", shape)
 kv.row_sparse_pull("w", out=out, row_ids=ids)
 result = {"push_started": started, "push_returned": returned,
