@@ -461,6 +461,11 @@ def miss_profiles(misses: list, loop: Optional[Setting]) -> str:
                 "caller's-thread collectives / step | engine ops / step | caller's thread CPU ms "
                 "/ step | machine CPU ms / step | link MB / host / step | link busy, ms (half "
                 "each way) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        cpu_rows = [f"Where the machine's CPU went, ms a step: {cpu_roles_note()}", "",
+                    "| system | a worker's caller's thread | its communication threads | its "
+                    "native threads | the workers, all threads | the rest: servers, scheduler, "
+                    "launcher | the machine | the machine ÷ its cores |",
+                    "|---|---:|---:|---:|---:|---:|---:|---:|"]
         rows = [("kvhybrid", ours), (peer, theirs)]
         if bound and not sweep:
             rows.append(("compute only (loopback)", bound))
@@ -480,8 +485,31 @@ def miss_profiles(misses: list, loop: Optional[Setting]) -> str:
                       f"{wire / 2 * 8 / bits_per_second(setting.rate) * 1e3:.1f}"
                       if wire and setting.rate else ""]
             out.append(f"| {label} | " + " | ".join(cells) + " |")
-        out.append("")
+            cpu_rows.append(cpu_roles_row(label, r))
+        out += ["", *cpu_rows, ""]
     return "\n".join(out)
+
+
+def cpu_roles_note() -> str:
+    return ("each worker's threads by role (the mean over the workers; native: MXNet's engine, "
+            "OpenMP, ps-lite and MPI threads), what the rest of the machine used, and the "
+            "machine's CPU ÷ its cores: the least a step can take when every core is busy "
+            "(read from /proc in ticks of "
+            f"{1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms over the timed steps, each worker over its "
+            "own: a small remainder can come out slightly below zero).")
+
+
+def cpu_roles_row(label: str, r: dict) -> str:
+    """A row of ``miss_profiles``' CPU table: where one run's CPU went, by role."""
+    roles = r.get("cpu_ms_per_step") or {}
+    machine = r.get("machine_cpu_ms_per_step")
+    if not roles or machine is None:
+        return f"| {label} |" + " |" * 7
+    per_worker = sum(roles.values())
+    workers = per_worker * r["workers"]
+    cells = [roles.get("caller", 0.0), roles.get("communication", 0.0), roles.get("native", 0.0),
+             workers, machine - workers, machine, machine / (os.cpu_count() or 1)]
+    return f"| {label} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
 
 
 def overlap_tables(loop: Setting) -> str:

@@ -144,3 +144,17 @@ def test_before_after_refuses_a_tree_whose_jobs_would_run_other_code(tmp_path):
     with pytest.raises(SystemExit, match="not the tree's own code"):
         check_imports(tmp_path)
     check_imports(Path(ROOT))   # the repository's jobs run the repository's code
+
+
+def test_a_missed_targets_profile_says_where_the_machines_cpu_went():
+    """Each role's CPU a step, the workers' whole, the rest of the machine (the servers),
+    and the machine's CPU ÷ its cores: the least a CPU-bound step can take."""
+    import os
+    from benchmarks.models import cpu_roles_row
+    r = {"workers": 4, "machine_cpu_ms_per_step": 24.0,
+         "cpu_ms_per_step": {"caller": 2.5, "communication": 1.0, "native": 1.5, "other": 0.0}}
+    cores = os.cpu_count()
+    assert cpu_roles_row("kvhybrid", r) == \
+        f"| kvhybrid | 2.5 | 1.0 | 1.5 | 20.0 | 4.0 | 24.0 | {24.0 / cores:.1f} |"
+    # a run without the readings (an older JSON) keeps the table's shape
+    assert cpu_roles_row("dist_sync", {"workers": 4}) == "| dist_sync |" + " |" * 7
