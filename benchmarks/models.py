@@ -438,7 +438,7 @@ def miss_profiles(misses: list, loop: Optional[Setting]) -> str:
     caller's thread: forward, backward, trainer.step, waitall), the collectives per step,
     the bytes each host's link carried and the time they take at the link's rate, next to
     the compute-only bound (the same processes on loopback, no communication) and the step
-    time the target asks for."""
+    time the target asks for; then where the machine's CPU went (``cpu_roles_row``)."""
     if not misses:
         return "Every throughput target was met."
     out = []
