@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from .common import footer, resolve, save_figure, write_outputs
-from .models import run_wrapped_workers
+from .models import add_wrapped_worker_args, run_wrapped_workers
 
 log = logging.getLogger("benchmarks")
 
@@ -218,14 +218,7 @@ def main(argv=None) -> None:
     p.add_argument("--systems", nargs="+", default=["kvhybrid", "dist_sync"],
                    choices=["kvhybrid", "dist_sync"])
     p.add_argument("--rounds", type=int, default=3, help="runs per system, order alternated")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--tokens", type=int, default=50)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--name", default="caller_cpu")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks"))
+    add_wrapped_worker_args(p, "caller_cpu", steps=400, warmup=10)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results: Dict[str, Dict[str, List[Dict]]] = {}

@@ -81,11 +81,26 @@ def launcher_args(shape: str, workers: int, servers: int) -> List[str]:
     return ["-n", str(workers), "--clients", str(clients), "--servers", str(servers)]
 
 
+def add_wrapped_worker_args(p: argparse.ArgumentParser, name: str, steps: int,
+                            warmup: int) -> None:
+    """The arguments ``run_wrapped_workers`` reads, and where the benchmark writes
+    ``NAME.{md,json,png}``."""
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--tokens", type=int, default=50)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--name", default=name)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" /
+                                        "benchmarks"))
+
+
 def run_wrapped_workers(benchmark: str, args, model: str, name: str, tmp: str) -> Path:
     """Train ``model`` on system ``name`` (``SYSTEMS``) with every worker started as
     ``python -m benchmarks.<benchmark> --worker`` (a benchmark that wraps calls around
-    ``benchmarks.model_worker``: ``args`` has its steps, warmup, tokens, workers, servers,
-    timeout); returns the folder the workers wrote their readings to."""
+    ``benchmarks.model_worker``: ``args`` has what ``add_wrapped_worker_args`` adds);
+    returns the folder the workers wrote their readings to."""
     system, shape, _ = SYSTEMS[name]
     out = tempfile.mkdtemp(dir=tmp)
     cmd = [sys.executable, "-m", "kvhybrid.launch.cli",

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .common import footer, resolve, save_figure, write_outputs
-from .models import run_wrapped_workers
+from .models import add_wrapped_worker_args, run_wrapped_workers
 
 log = logging.getLogger("benchmarks")
 
@@ -238,14 +238,7 @@ def main(argv=None) -> None:
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["lm"], choices=["lm", "nmt"])
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--tokens", type=int, default=50)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--name", default="step_timeline")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks"))
+    add_wrapped_worker_args(p, "step_timeline", steps=300, warmup=50)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results = {}
