@@ -25,7 +25,8 @@ from typing import Dict, List, Optional
 
 from . import slurm, tune
 from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
-from .mpirun import DEFAULT_ENV, MpiJob, build_command, find_mpirun, flavour, job_env
+from .mpirun import (DEFAULT_ENV, MpiJob, MpiUnsupported, build_command, check_supported,
+                     find_mpirun, implementation, job_env)
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
 from .supervisor import Supervisor
 from .transport import (TRANSPORTS, address, check_ssh, free_port, hand_secret, listening,
@@ -160,6 +161,17 @@ def one_machine_mpi_args(mpi_args: List[str], env: Dict[str, str]) -> List[str]:
     return ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
 
 
+def own_host_mpi_args(mpi_args: List[str], env: Dict[str, str]) -> List[str]:
+    """Open MPI settings for a group whose ranks all run on mpirun's own host: its
+    ``isolated`` launcher, which starts them without a remote shell. Open MPI 4 otherwise
+    ends at once on a machine without ssh or rsh ("plm_rsh_agent: ssh : rsh ... could not
+    be found"), even for ranks it would never start remotely. Left out when the user
+    chose a launcher (any ``plm`` setting)."""
+    if any("plm" in a for a in mpi_args) or any(k.startswith("OMPI_MCA_plm") for k in env):
+        return []
+    return ["--mca", "plm", "isolated"]
+
+
 class Job:
     """The processes of one planned job and how to start them."""
 
@@ -174,7 +186,15 @@ class Job:
         self.mpi_args = mpi_args
         self.tune_mpi = tune_mpi
         self.mpirun = find_mpirun()
-        self.mpi_kind = flavour(self.mpirun)
+        mpi = implementation(self.mpirun)
+        check_supported(mpi, self.mpirun)
+        if mpi.kind == "mpich" and self.transport == "netns" \
+                and any(len(c.ranks) > 1 for c in plan.clients):
+            raise MpiUnsupported(
+                f"{self.mpirun} is {mpi}: --launcher netns runs a client group across "
+                "namespaces with Open MPI's rsh agent only; give each group one host "
+                "(--clients = the hosts' count) or put Open MPI's mpirun first on PATH")
+        self.mpi_kind = mpi.kind
         self.base_env = job_env({})
         if plan.num_servers:
             # the servers unpickle only commands signed with it (kvstore/ps/auth.py); it travels
@@ -272,6 +292,9 @@ class Job:
         if self.transport == "local" and len(self.plan.spec.hosts) == 1 \
                 and self.mpi_kind == "openmpi":
             extra = one_machine_mpi_args(self.mpi_args, self.base_env) + extra
+        if hosts is None and self.transport in ("local", "netns") \
+                and self.mpi_kind == "openmpi":
+            extra = own_host_mpi_args(self.mpi_args, self.base_env) + extra
         if self.transport == "slurm":
             extra = slurm.mpirun_args(self.mpi_kind) + extra
         if self.mpi_kind == "openmpi" and len(self.plan.clients) > 1:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 #: Set for every rank unless the user's environment already sets it. glibc then
 #: backs large allocations (MXNet's arrays, MPI's buffers) with transparent huge
@@ -49,8 +51,67 @@ def find_mpirun() -> str:
 
 def flavour(mpirun: str) -> str:
     """'openmpi' or 'mpich', from ``mpirun --version``."""
-    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
-    return "openmpi" if ("Open MPI" in out or "OpenRTE" in out) else "mpich"
+    return implementation(mpirun).kind
+
+
+#: What kvhybrid-launch writes mpirun lines for, and the versions its suite runs
+#: (README, "MPI implementations"): Open MPI's ORTE launcher (4.x) and MPICH's Hydra.
+SUPPORTED_MPI = "Open MPI 4.x (tested: 4.1.4) or MPICH >= 4 (tested: 5.0.2)"
+
+
+class MpiUnsupported(ValueError):
+    """An mpirun whose command line kvhybrid-launch does not write."""
+
+
+@dataclass(frozen=True)
+class MpiImplementation:
+    kind: str                     # 'openmpi' or 'mpich'
+    version: Tuple[int, ...]      # (4, 1, 4); () when the launcher does not say
+
+    def __str__(self) -> str:
+        name = {"openmpi": "Open MPI", "mpich": "MPICH"}[self.kind]
+        return f"{name} {'.'.join(map(str, self.version)) or '(version unknown)'}"
+
+
+@lru_cache(maxsize=None)
+def implementation(mpirun: str) -> MpiImplementation:
+    """Which MPI ``mpirun`` belongs to, from its ``--version``: Open MPI's says
+    ``mpirun (Open MPI) 4.1.4``, MPICH's Hydra ``HYDRA build details: Version: 4.0.2``."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                             timeout=30)
+        text = out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise MpiUnsupported(f"{mpirun} --version failed ({exc}): kvhybrid-launch needs "
+                             f"{SUPPORTED_MPI}") from None
+    if "Open MPI" in text or "OpenRTE" in text:
+        m = re.search(r"(?:Open MPI|OpenRTE)\)?\s+v?(\d+(?:\.\d+)*)", text)
+        return MpiImplementation("openmpi", _numbers(m.group(1)) if m else ())
+    if "HYDRA" in text and "Intel" not in text:
+        m = re.search(r"Version:\s+(\d+(?:\.\d+)*)", text)
+        return MpiImplementation("mpich", _numbers(m.group(1)) if m else ())
+    first = text.strip().splitlines()[0] if text.strip() else "no output"
+    raise MpiUnsupported(f"{mpirun} is not an mpirun kvhybrid-launch knows ({first!r}): "
+                         f"it writes command lines for {SUPPORTED_MPI}; put one of those "
+                         "first on PATH")
+
+
+def _numbers(text: str) -> Tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def check_supported(mpi: MpiImplementation, mpirun: str) -> None:
+    """Refuse, before anything starts, an MPI whose mpirun takes other options than the
+    ones written here (Open MPI 5's PRRTE renamed the session and agent settings)."""
+    major = mpi.version[0] if mpi.version else None
+    if mpi.kind == "openmpi" and major != 4:
+        raise MpiUnsupported(f"{mpirun} is {mpi}, and kvhybrid-launch writes mpirun lines for "
+                             f"{SUPPORTED_MPI}: install Open MPI 4.1 (Debian 12's and Ubuntu "
+                             "24.04's openmpi-bin) or MPICH, and put its mpirun first on PATH")
+    if mpi.kind == "mpich" and major is not None and major < 4:
+        raise MpiUnsupported(f"{mpirun} is {mpi}, and kvhybrid-launch needs {SUPPORTED_MPI}: "
+                             "install a newer MPICH (pip install mpich) and put its mpirun "
+                             "first on PATH")
 
 
 def job_env(user: Dict[str, str]) -> Dict[str, str]:

@@ -12,13 +12,16 @@ a multi-host job on one machine.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import secrets
 import shlex
 import shutil
 import socket
+import struct
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, List, Optional
 
@@ -30,6 +33,8 @@ from kvhybrid.procnet import listening_ports
 log = logging.getLogger("kvhybrid.launch")
 
 TRANSPORTS = ("local", "ssh", "netns", "slurm")
+#: Linux's ioctl that reads an interface's IPv4 address
+_SIOCGIFADDR = 0x8915
 
 #: every ssh the launcher runs: never ask for a password (a prompt nobody sees would hang
 #: the job), give up on a host that does not answer
@@ -100,9 +105,14 @@ def take_back_secret(paths: Dict[str, str]) -> None:
 def address(transport: str, host: str, interface: Optional[str] = None) -> str:
     """The IPv4 address the host's processes advertise to the others: that of ``interface``
     if one is named, else loopback for a local run, else the host's (namespace's) own."""
-    if transport in ("netns", "local") and (interface or transport == "netns"):
-        prefix = ["ip", "netns", "exec", host] if transport == "netns" else []
-        out = subprocess.run(prefix + ["ip", "-4", "-o", "addr", "show"],
+    if transport == "local" and interface:
+        found = _local_address(interface)
+        if found is None:
+            raise ValueError(f"host {host!r} has no IPv4 address on {interface}: name one "
+                             "with --interface")
+        return found
+    if transport == "netns":
+        out = subprocess.run(["ip", "netns", "exec", host, "ip", "-4", "-o", "addr", "show"],
                              capture_output=True, text=True, timeout=10)
         if out.returncode != 0:
             raise ValueError(f"network namespace {host!r} not found: create it with "
@@ -119,6 +129,20 @@ def address(transport: str, host: str, interface: Optional[str] = None) -> str:
         return socket.gethostbyname(host)
     except OSError as exc:
         raise ValueError(f"cannot resolve host {host!r}: {exc}") from None
+
+
+def _local_address(interface: str) -> Optional[str]:
+    """This machine's IPv4 address on ``interface`` (None if it has none), asked of the
+    kernel directly (SIOCGIFADDR): a local run needs no ``ip`` tool."""
+    if interface not in {name for _, name in socket.if_nameindex()}:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            reply = fcntl.ioctl(s.fileno(), _SIOCGIFADDR,
+                                struct.pack("256s", interface.encode()[:15]))
+        except OSError:   # the interface has no IPv4 address
+            return None
+    return socket.inet_ntoa(reply[20:24])
 
 
 def listening(pid: int, transport: str, addr: str, port: int) -> bool:
@@ -145,17 +169,28 @@ def free_port(transport: str, host: str) -> int:
     collision)."""
     if transport in ("netns", "ssh", "slurm") and not is_local_name(host):
         code = "import socket; s=socket.socket(); s.bind(('',0)); print(s.getsockname()[1])"
-        cmd = {"netns": ["ip", "netns", "exec", host, "python3", "-c", code],
-               "ssh": ["ssh", *SSH_OPTIONS, host, f"python3 -c {shlex.quote(code)}"],
-               "slurm": slurm.srun_prefix(host) + ["python3", "-c", code]}[transport]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SSH_CHECK_TIMEOUT)
+        out = subprocess.run(_python_on(transport, host, code), capture_output=True, text=True,
+                             timeout=SSH_CHECK_TIMEOUT)
         if out.returncode != 0 or not out.stdout.strip().isdigit():
             raise HostError(f"host {host!r}: cannot find a free port for the scheduler "
-                            f"(`python3` there failed: {_last_line(out.stderr)})")
+                            f"(`{sys.executable}` there failed: {_last_line(out.stderr)})")
         return int(out.stdout.strip())
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _python_on(transport: str, host: str, code: str) -> List[str]:
+    """``python -c code`` on ``host`` through ``transport`` alone: only the tool of the
+    transport asked for is run (a machine without Slurm has no srun, one without ssh no
+    ssh). The launcher's interpreter, as the job's (a file system shared by the hosts)."""
+    if transport == "netns":
+        return ["ip", "netns", "exec", host, sys.executable, "-c", code]
+    if transport == "ssh":
+        return ["ssh", *SSH_OPTIONS, host, shlex.join([sys.executable, "-c", code])]
+    if transport == "slurm":
+        return slurm.srun_prefix(host) + [sys.executable, "-c", code]
+    raise ValueError(f"unknown transport {transport!r}")
 
 
 def _last_line(text: str) -> str:
