@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.support.bare_path import SLURM, path_without
 from tests.support.jobs import ROOT, job_env, launcher_command, run_launcher
 from tests.support.netns import netns_available
 from tests.support.ssh_hosts import SshHosts, sshd_available
@@ -77,6 +78,19 @@ def test_main_example_over_ssh_each_process_on_its_host(machines):
     client1 = next(line for line in lines if "client 1:" in line)
     assert f"-H {b}:2" in client1
     assert "netns" not in plan.output
+
+
+def test_a_job_over_ssh_with_a_remote_scheduler_needs_no_slurm(machines, tmp_path):
+    """A cluster without Slurm: no srun on PATH. The scheduler runs on a host that is not
+    the launching machine, so its free port is asked of that host (over ssh alone)."""
+    a, _ = machines.hosts
+    env = {"PATH": path_without(tmp_path / "bin-no-slurm", [SLURM])}
+    r = run_launcher(_job(machines), "lifecycle.py", ["ok"], timeout=240, env=env,
+                     via=machines.on_login([]))
+    assert r.returncode == 0, r.output[-4000:]
+    assert f"scheduler     {a}" in r.output
+    for rank in range(4):
+        assert f"worker rank {rank} done, sum 4" in r.output
 
 
 def test_training_over_ssh_equals_one_process_on_the_union_batch(machines, tmp_path):
