@@ -21,5 +21,12 @@ if [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/slur
   apt-get install -y -qq openssh-server slurmctld slurmd slurm-client munge >/dev/null
   if [ "$added" = 1 ]; then rm -f "$policy"; fi
 fi
+# MPICH beside Open MPI, for the launcher's MPICH tests (tests/mpi/test_mpich.py): its pip
+# wheel under .venv/mpich, never on PATH; those tests put it first on PATH themselves.
+if [ ! -x .venv/mpich/bin/mpirun ]; then
+  echo "[tests] installing MPICH 5.0.2 (pip) under .venv/mpich"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+    --prefix .venv/mpich mpich==5.0.2
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec .venv/bin/python -m pytest -p no:cacheprovider --timeout 900 -q "$@"

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.support.bare_path import SLURM, path_without
+from tests.mpi.test_mpich import MPICH, mpich_env
 from tests.support.jobs import ROOT, job_env, launcher_command, run_launcher
 from tests.support.netns import netns_available
 from tests.support.ssh_hosts import SshHosts, sshd_available
@@ -91,6 +92,18 @@ def test_a_job_over_ssh_with_a_remote_scheduler_needs_no_slurm(machines, tmp_pat
     assert f"scheduler     {a}" in r.output
     for rank in range(4):
         assert f"worker rank {rank} done, sum 4" in r.output
+
+
+@pytest.mark.skipif(not (MPICH / "bin" / "mpirun").exists(),
+                    reason=f"MPICH is not installed under {MPICH}: scripts/run_tests.sh installs it")
+def test_mpich_groups_over_ssh_train_as_one_process(machines, tmp_path):
+    """The same two groups on two machines with MPICH's mpirun (Hydra reaches each group's
+    host over ssh): the weights equal one process trained on every worker's batch."""
+    from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
+    r = run_launcher(_job(machines), "train_sparse.py", [tmp_path, 1, STEPS, PER_DEVICE, "weight"],
+                     timeout=240, via=machines.on_login([], named=True), env=mpich_env())
+    assert r.returncode == 0, r.output[-4000:]
+    assert_matches_single_process(tmp_path, "weight", 4, 1)
 
 
 def test_training_over_ssh_equals_one_process_on_the_union_batch(machines, tmp_path):

@@ -125,9 +125,12 @@ class SshHosts:
                                    f"{r.stderr.strip()} / {log.strip()}")
             time.sleep(0.2)
 
-    def on_login(self, cmd: List[str]) -> List[str]:
-        """``cmd`` run on the login node."""
-        return ["ip", "netns", "exec", self.login, *map(str, cmd)]
+    def on_login(self, cmd: List[str], named: bool = False) -> List[str]:
+        """``cmd`` run on the login node; ``named``: with the login node's own host name, as
+        MPICH's mpirun needs (its proxies on the hosts call back to mpirun's host by name)."""
+        name = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"',
+                self.login] if named else []
+        return ["ip", "netns", "exec", self.login, *name, *map(str, cmd)]
 
     def processes(self) -> Dict[str, Set[int]]:
         """Every process on each emulated machine, its sshd daemon left out."""
