@@ -25,8 +25,8 @@ from typing import Dict, List, Optional
 
 from . import slurm, tune
 from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
-from .mpirun import (DEFAULT_ENV, MpiImplementation, MpiJob, MpiUnsupported, build_command, check_supported,
-                     find_mpirun, implementation, job_env)
+from .mpirun import (DEFAULT_ENV, MpiImplementation, MpiJob, MpiUnsupported, build_command,
+                     check_supported, find_mpirun, implementation, job_env)
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
 from .supervisor import Supervisor
 from .transport import (TRANSPORTS, address, check_ssh, free_port, hand_secret, listening,

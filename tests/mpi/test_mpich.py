@@ -16,10 +16,11 @@ from tests.support.netns import TwoHosts, netns_available
 
 MPICH = ROOT / ".venv" / "mpich"
 
-pytestmark = pytest.mark.skipif(
+needs_mpich = pytest.mark.skipif(
     not (MPICH / "bin" / "mpirun").exists(),
     reason=f"MPICH is not installed under {MPICH}: scripts/run_tests.sh installs it "
            "(pip install --prefix .venv/mpich mpich==5.0.2)")
+pytestmark = needs_mpich
 
 
 def mpich_env() -> dict:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.support.bare_path import SLURM, path_without
-from tests.mpi.test_mpich import MPICH, mpich_env
+from tests.mpi.test_mpich import mpich_env, needs_mpich
 from tests.support.jobs import ROOT, job_env, launcher_command, run_launcher
 from tests.support.netns import netns_available
 from tests.support.ssh_hosts import SshHosts, sshd_available
@@ -94,8 +94,7 @@ def test_a_job_over_ssh_with_a_remote_scheduler_needs_no_slurm(machines, tmp_pat
         assert f"worker rank {rank} done, sum 4" in r.output
 
 
-@pytest.mark.skipif(not (MPICH / "bin" / "mpirun").exists(),
-                    reason=f"MPICH is not installed under {MPICH}: scripts/run_tests.sh installs it")
+@needs_mpich
 def test_mpich_groups_over_ssh_train_as_one_process(machines, tmp_path):
     """The same two groups on two machines with MPICH's mpirun (Hydra reaches each group's
     host over ssh): the weights equal one process trained on every worker's batch."""
