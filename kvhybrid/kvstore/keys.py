@@ -133,6 +133,17 @@ def check_matches(key: Key, slot: KeySlot, arrays: Sequence[NDArray], arg: str) 
                             "initialised shape and dtype")
 
 
+def check_pull_out(key: Key, slot: KeySlot, arrays: Sequence[NDArray]) -> None:
+    """A pull's outs need the key's shape; their dtype is theirs: the values are cast into
+    it, as MXNet's stores do (a float16 key pulled into float32 arrays)."""
+    for arr in arrays:
+        if tuple(arr.shape) != slot.shape:
+            raise KeyValueError(f"out of key {key!r} has {spec(arr)}, but the key was "
+                                f"initialised with shape {slot.shape} {slot.dtype.name}: pass "
+                                "out arrays of the initialised shape (any dtype: the values "
+                                "are cast into it)")
+
+
 def check_out(key: Key, value: Sequence[NDArray], out: Sequence[NDArray]) -> None:
     if len(out) != len(value):
         raise KeyValueError(f"out of key {key!r} has {len(out)} array(s) but value has "

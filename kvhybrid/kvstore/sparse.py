@@ -48,7 +48,7 @@ from . import routing
 from . import row_exchange as rx
 from .calls import Calls, keys_text
 from .dense import DensePath
-from .keys import Key, KeySlot, check_matches, is_key, lookup, pairs, zeros
+from .keys import Key, KeySlot, check_pull_out, is_key, lookup, pairs, zeros
 from .modes import SyncMode
 from .placement import Placement
 
@@ -325,7 +325,7 @@ class SparsePath:
             slots = []
             for k, o in outs:
                 slots.append(lookup(self.slots, k))
-                check_matches(k, slots[-1], o, "out")
+                check_pull_out(k, slots[-1], o)
             return outs, slots, f"row_sparse_pull {keys_text(outs)}"
 
         # a pull of the ids prefetch_rows was handed, in their order, skips their sort

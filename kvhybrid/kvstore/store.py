@@ -47,7 +47,7 @@ from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ops import copy_to_all
 from .calls import Calls, call_key, keys_text, signed_work, unrecorded
 from .dense import DensePath, start_engine
-from .keys import Key, KeySlot, check_matches, lookup, pairs, spec, zeros
+from .keys import Key, KeySlot, check_matches, check_pull_out, lookup, pairs, spec, zeros
 from .modes import AsyncMode, SyncMode
 from .placement import Placement
 from .ps.link import ServerLink
@@ -351,7 +351,7 @@ class HybridMPIStore(mx.kv.KVStore):
                                     f"row_sparse_pull({k!r}, out, row_ids=...), or pass "
                                     "ignore_sparse=True to skip row_sparse outs")
             if dense:
-                check_matches(k, slot, dense, "out")
+                check_pull_out(k, slot, dense)
                 kept.append((k, dense))
         return kept
 

@@ -1,6 +1,8 @@
 """hybrid-mpi does what MXNet's own distributed kvstore test asks of dist_sync
-(tests/mpi/workers/mxnet_parity.py), in every launcher shape: float16 rows, 2bit gradient
-compression, MXNetError on bad calls, row_sparse outs skipped by pull."""
+(tests/mpi/workers/mxnet_parity.py), in every launcher shape: float16 rows, pulls cast into
+the out's dtype, MXNet's test optimizer on the servers' row_sparse weights, 2bit gradient
+compression, MXNetError on bad calls, row_sparse outs skipped by pull; and every optimizer
+MXNet registers updates row_sparse weights on the servers as MXNet's own server does."""
 import json
 
 import numpy as np
@@ -28,6 +30,20 @@ def test_mxnet_dist_sync_checks_pass(tmp_path, shape, mode, least):
         failed = {name: detail for name, (ok, detail) in checks.items() if not ok}
         assert not failed, f"rank {rank}: {failed}"
         assert len(checks) >= least, sorted(checks)
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if "server" in s])
+def test_every_builtin_optimizer_updates_row_sparse_weights_on_the_servers(tmp_path, shape):
+    """tests/mpi/workers/server_optimizers.py: each registered optimizer (SGLD's noise aside)
+    and SGD with an lr_scheduler, set with set_optimizer on a row_sparse key, against the
+    optimizer applied in one process as MXNet's server applies it."""
+    r = run_launcher(SHAPES[shape], "server_optimizers.py", [tmp_path], timeout=300)
+    assert r.returncode == 0, r.output[-3000:]
+    for rank in range(SHAPES[shape][1]):
+        results = json.loads((tmp_path / f"optimizers-rank{rank}.json").read_text())
+        failed = {name: detail for name, (ok, detail) in results.items() if not ok}
+        assert not failed, f"rank {rank}: {failed}"
+        assert {"test", "nadam", "adam", "ftrl", "sgd+lr_scheduler"} <= set(results)
 
 
 def test_quantize_is_mxnets_2bit_with_error_feedback():

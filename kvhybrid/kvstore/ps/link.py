@@ -444,18 +444,19 @@ class ServerLink:
         values with the pushed sums instead of updating, silently. So every master pushes
         1, twice, onto a fresh probe key holding 0. Servers without an optimizer hold the
         sum of one round's pushes after each round (sync: the number of masters; async:
-        each push replaces the value, so 1); servers with one hold an updated weight that
-        moves from round to round (an optimizer whose first step happens to equal that sum,
-        say SGD with learning_rate=-1, still moves in the second). In async mode a pull
-        may come before other masters' pushes land: pull until the value moves (5 s at most).
+        each push replaces the value, so 1); servers with one add each round's pushes to
+        the probe (``ServerOptimizer.probe_key``: the optimizer never sees it, so its
+        update counts and schedules are the model's alone), so it moves from round to
+        round. In async mode a pull may come before other masters' pushes land: pull until
+        the value moves (5 s at most).
         """
+        kid = None if self.rejoin else PROBE_KEY_TOP - self._probes - 1
         with self._waiting("the parameter servers to take the optimizer"):
-            self._kv.set_optimizer(ServerOptimizer(self._for_servers(optimizer, pieces)))
-        if self.rejoin:   # the first start probed these servers; they keep their states
+            self._kv.set_optimizer(ServerOptimizer(self._for_servers(optimizer, pieces), kid))
+        if kid is None:   # the first start probed these servers; they keep their states
             self.packing = self.pack_keys
             return True
         self._probes += 1
-        kid = PROBE_KEY_TOP - self._probes
         probe = mx.nd.zeros((1,))
         without = float(self.num_masters) if self.mode == "dist_sync" else 1.0
         seen = []

@@ -45,16 +45,17 @@ def ack_file(directory: str, server_rank: int, token: str) -> str:
     return os.path.join(directory, f".server-{server_rank}.loaded-{token}")
 
 
-def _install(inner) -> "ServerOptimizer":
+def _install(inner, probe_key: Optional[int] = None) -> "ServerOptimizer":
     """Unpickled on a server: the optimizer it will run. The same optimizer sent again (a
     restarted client group sends it as it starts) keeps the states of the keys."""
     global _INSTALLED
     previous = _INSTALLED
-    _INSTALLED = ServerOptimizer(inner)
+    _INSTALLED = ServerOptimizer(inner, probe_key)
     if previous is not None:
         _INSTALLED._packs = previous._packs
         if type(previous.inner) is type(inner):
             _INSTALLED._states = previous._states
+            _INSTALLED._dense = previous._dense
     return _INSTALLED
 
 
@@ -64,17 +65,23 @@ class ServerOptimizer:
     #: one key per update call: a server applies each push on its own anyway
     aggregate_num = 0
 
-    def __init__(self, inner):
+    def __init__(self, inner, probe_key: Optional[int] = None):
         self.inner = inner
+        #: the key the workers push onto to see that this optimizer arrived (ps/link.py):
+        #: summed, never handed to ``inner``, whose counts and schedules (``num_update``
+        #: for an lr_scheduler, Nadam's ``m_schedule``) belong to the model's keys
+        self.probe_key = probe_key
         self._states: Dict[int, object] = {}
         self._setting: set = set()                 # keys whose next update sets the weight
         self._saved_states: Dict[int, object] = {}
+        #: row_sparse keys whose optimizer computes densely (create_state_multi_precision)
+        self._dense: set = set()
         #: pack key -> (mask length, [(member key, first element, end)])
         self._packs: Dict[int, Tuple[int, List[Tuple[int, int, int]]]] = {}
 
     def __reduce__(self):
         # the states stay where they are: only the optimizer travels
-        return _install, (self.inner,)
+        return _install, (self.inner, self.probe_key)
 
     def __getattr__(self, name):
         if name == "inner":   # not yet set (copy, unpickling)
@@ -83,11 +90,22 @@ class ServerOptimizer:
 
     def create_state_multi_precision(self, index, weight):
         """A state per key, kept here too: a server installs a fresh updater each time the
-        optimizer arrives (a command, a second Trainer), and it must find the old states."""
-        if index in self._packs:   # each member gets its own, at its first update
+        optimizer arrives (a command, a second Trainer), and it must find the old states.
+
+        A row_sparse weight whose optimizer makes states of another storage (MXNet's
+        ``Test``, ``NAG``, a custom optimizer: dense zeros) is updated as a dense array
+        (``_update``): such an optimizer computes densely, and handed the row_sparse weight
+        it fails half-way (``state[:] = weight`` raises after the weight changed; MXNet's
+        own server prints that and trains on). Its states are made from the dense weight."""
+        if index in self._packs or index == self.probe_key:   # (packs: each member its own)
             return None
         if index not in self._states:
-            self._states[index] = self.inner.create_state_multi_precision(index, weight)
+            state = self.inner.create_state_multi_precision(index, weight)
+            if weight.stype != "default" and _other_storage(state, weight.stype):
+                self._dense.add(index)
+                state = self.inner.create_state_multi_precision(index,
+                                                                weight.tostype("default"))
+            self._states[index] = state
         return self._states[index]
 
     def create_state(self, index, weight):
@@ -104,6 +122,9 @@ class ServerOptimizer:
             os._exit(1)
 
     def _update(self, index, weight, grad, state):
+        if index == self.probe_key:
+            weight[:] += grad   # moves each round, as an optimizer's update would
+            return
         if index in self._packs:
             self._update_pack(index, weight, grad)
             return
@@ -113,6 +134,11 @@ class ServerOptimizer:
             saved = self._saved_states.pop(index, None)
             if saved is not None:
                 _copy_state(saved, state)
+            return
+        if index in self._dense and weight.stype != "default":
+            dense = weight.tostype("default")
+            self.inner.update_multi_precision(index, dense, grad, state)
+            dense.copyto(weight)   # back into the server's row_sparse storage
             return
         self.inner.update_multi_precision(index, weight, grad, state)
 
@@ -153,6 +179,14 @@ class ServerOptimizer:
         self.inner._all_index_update_counts = counts
         self.inner._index_update_count = counts.setdefault(0, {})
         self.inner.num_update = data["num_update"]
+
+
+def _other_storage(state, stype: str) -> bool:
+    """Whether an optimizer state (None, an NDArray, or tuples of them) holds an array of
+    a storage other than ``stype``."""
+    if isinstance(state, (list, tuple)):
+        return any(_other_storage(s, stype) for s in state)
+    return state is not None and hasattr(state, "stype") and state.stype != stype
 
 
 def _copy_state(saved, state) -> None:

@@ -61,10 +61,11 @@ for k, s in compressed.items():
     kv.init(k, mx.nd.zeros(s))
 for k, s in init_only.items():
     kv.init(k, mx.nd.ones(s))
-# MXNet's test uses its 'test' optimizer (weight += rescale_grad * grad), whose state copy
-# raises on the servers' row_sparse weights (in dist_sync too); SGD with a negative
-# learning rate makes the same update.
-kv.set_optimizer(mx.optimizer.SGD(learning_rate=-RATE, wd=0))
+# MXNet's test optimizer, as its test sets it: weight += rescale_grad * grad, then a dense
+# state copy of the weight (state[:] = weight), which a row_sparse weight cannot be copied
+# into: the servers update such a key as a dense array (kvstore/ps/server.py)
+kv.set_optimizer(mx.optimizer.create("test", rescale_grad=RATE, multi_precision=True))
+OTHER = {"float32": "float16", "float16": "float32"}   # pulls cast into the out's dtype
 
 
 if compress:
@@ -142,6 +143,11 @@ for dtype in dtypes:
         kv.push(k, mx.nd.ones(s, dtype=dtype) * (rank + 1))   # every rank >= threshold
         kv.pull(k, out=got)
         check(f"dense_{dtype}_push_pull_{k}", equal(got, 1 + DENSE_STEP), got.asnumpy().flat[0])
+        cast = mx.nd.zeros(s, dtype=OTHER[dtype])
+        kv.pull(k, out=cast)
+        check(f"dense_{dtype}_pull_into_{OTHER[dtype]}_{k}",
+              cast.dtype == np.dtype(OTHER[dtype]) and equal(cast, 1 + DENSE_STEP),
+              (cast.dtype, cast.asnumpy().flat[0]))
 
 
 if compress:
@@ -210,6 +216,11 @@ else:
             check(f"rows_{dtype}_empty_push_{key}", equal(got, 1))
             kv.row_sparse_pull(key, out=got, row_ids=mx.nd.array([]))
             check(f"rows_{dtype}_empty_row_ids_{key}", equal(got, 0))
+            # MXNet's test pulls these keys into float32 outs whatever their dtype
+            cast = mx.nd.sparse.zeros("row_sparse", s, dtype=OTHER[dtype])
+            kv.row_sparse_pull(key, out=cast, row_ids=mx.nd.arange(s[0]))
+            check(f"rows_{dtype}_pull_into_{OTHER[dtype]}_{key}",
+                  cast.dtype == np.dtype(OTHER[dtype]) and equal(cast, 1), cast.dtype)
 
         # a big table, rows picked per rank
         big_grad = np.zeros(BIG, np.float32)
