@@ -238,6 +238,14 @@ else:
         check(f"rows_{dtype}_big_table", equal(got, expect.astype(dtype)))
 
 
+    # -- init then pull, float32 and float16 keys, small and big (MXNet's test_sync_init) -------
+    for i in range(8):
+        k, dtype, s = f"init{i}", ("float32", "float16")[i % 2], (SHAPE, BIG)[i // 4]
+        kv.init(k, mx.nd.ones(s, dtype=dtype) * i)
+        got = mx.nd.zeros(s, dtype=dtype)
+        kv.pull(k, out=got)
+        check(f"init_then_pull_{dtype}_{k}", equal(got, i))
+
     # -- invalid operations: MXNetError, named cause ---------------------------------------------
     rsp_out = mx.nd.ones((2, 2)).tostype("row_sparse")
     try:
@@ -262,6 +270,24 @@ else:
         check("pull_row_sparse_out_without_ignore_sparse_raises", False, "no error")
     except mx.base.MXNetError as exc:
         check("pull_row_sparse_out_without_ignore_sparse_raises", "row_sparse_pull" in str(exc), exc)
+    # -- a Trainer over the store resets nothing by loading (MXNet's test_gluon_trainer_reset):
+    # last, since its Trainer sets its own optimizer on the store
+    params = mx.gluon.ParameterDict()
+    x = params.get("x", shape=(4, 2), lr_mult=1.0, stype="row_sparse")
+    params.initialize(ctx=mx.cpu(0), init="zeros")
+    trainer = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.1}, kvstore=kv)
+    saved = os.path.join(out_dir, f"trainer-reset-{rank}.params")
+    os.makedirs(out_dir, exist_ok=True)
+    params.save(saved)
+    x.row_sparse_data(mx.nd.arange(0, 4))
+    check("gluon_trainer_updates_on_the_store", trainer._kv_initialized
+          and trainer._update_on_kvstore)
+    try:
+        params.load(saved)
+        check("gluon_load_after_the_store_took_the_weights_raises", False, "no error")
+    except RuntimeError as exc:
+        check("gluon_load_after_the_store_took_the_weights_raises", True, exc)
+
 os.makedirs(out_dir, exist_ok=True)
 with open(os.path.join(out_dir, f"parity-{mode}-rank{rank}.json"), "w") as f:
     json.dump(checks, f)
