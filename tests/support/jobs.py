@@ -90,3 +90,12 @@ def run_launcher(launcher_args: Sequence[str], script: str, args: Sequence[str] 
     ``via`` (e.g. ``ip netns exec HOST``: the launcher on an emulated machine)."""
     cmd = [*via, *launcher_command(launcher_args, script, args)]
     return _run_killable(cmd, f"kvhybrid-launch {list(launcher_args)} {script}", timeout, env)
+
+
+def assert_every_worker_done(result: JobResult, workers: int) -> None:
+    """A ``lifecycle.py ok`` job (tests/mpi/workers) ended well: exit 0, and each of its
+    ``workers`` ranks printed the sum over all of them (a line's text, so interleaved lines
+    from several ranks still count)."""
+    assert result.returncode == 0, result.output[-4000:]
+    for rank in range(workers):
+        assert f"worker rank {rank} done, sum {workers}" in result.output, result.output[-4000:]
