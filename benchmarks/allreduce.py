@@ -235,7 +235,7 @@ def bus_gbs(size_mb: float, ranks: int, ms: float) -> float:
 
 
 def targets(med: Dict, results: Dict) -> List[str]:
-    """The issue's targets, each with its measured ratio and verdict."""
+    """The store's targets against its peers, each with its measured ratio and verdict."""
     lines = ["| target | ranks | key | measured | verdict |", "|---|---|---|---|---|"]
 
     def row(what, ranks, size, value, ok, fmt="{:.2f}×"):

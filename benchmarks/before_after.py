@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from . import ROOT
-from .common import footer, ratio_cell, run_job, save_figure, write_outputs
+from .common import DIAGNOSTICS_OUT, footer, ratio_cell, run_job, save_figure, write_outputs
 
 log = logging.getLogger("benchmarks")
 
@@ -126,7 +126,7 @@ def main(argv=None) -> None:
                    help="emulated hosts (benchmarks.models --hosts; root only); 0: loopback")
     p.add_argument("--rate", default="1gbit", help="their links' bandwidth, with --hosts")
     p.add_argument("--timeout", type=float, default=1800)
-    p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--out", default=DIAGNOSTICS_OUT)
     p.add_argument("--name", default="before_after")
     args = p.parse_args(argv)
     if args.rounds < 1:

@@ -12,6 +12,11 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 log = logging.getLogger("benchmarks")
 
+#: where the diagnostic tools (before_after, caller_cpu, step_timeline, engine_copies,
+#: ring_segments) write by default: a git-ignored folder, not docs/benchmarks, which holds
+#: the current result of each benchmark ``python -m benchmarks all`` regenerates
+DIAGNOSTICS_OUT = str(Path(__file__).resolve().parent.parent / "bench-out")
+
 
 def timed(fn: Callable[[], None], repeats: int, warmup: int, barrier) -> List[float]:
     """Seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones; every rank
@@ -80,16 +85,48 @@ def ratio_cell(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
 
 
-def footer(module: str, argv: Optional[List[str]] = None) -> List[str]:
+def footer(module: str, argv: Optional[List[str]] = None,
+           measured: Optional[str] = None) -> List[str]:
     """The lines that end every table: the command that reproduces it (this process's, or
-    ``argv``: that of the run that measured it), and the machine."""
-    import os
+    ``argv``: that of the run that measured it) and when, on what code and machine it was
+    measured (``measured``: a line ``provenance()`` gave that run; default: now)."""
     import shlex
-    import socket
     import sys
     argv = sys.argv[1:] if argv is None else argv
     return [f"Command: `python -m benchmarks.{module} {shlex.join(argv)}`",
-            f"Machine: {os.cpu_count()} cores, {socket.gethostname()}."]
+            measured or provenance()]
+
+
+def provenance() -> str:
+    """When, on which commit and on what machine a result is measured, as one line: a
+    result that does not say so cannot be compared with the next one. A working tree whose
+    code differs from the commit is named as such (``docs/``, where the benchmarks write,
+    and Markdown files do not count)."""
+    import datetime
+    import os
+    import platform
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+    if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs", ":!*.md"):
+        commit += " with uncommitted changes"
+    system = platform.system()
+    try:
+        release = dict(line.split("=", 1) for line in
+                       Path("/etc/os-release").read_text().splitlines() if "=" in line)
+        system = release.get("PRETTY_NAME", system).strip('"')
+    except OSError:
+        pass
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"Measured: {when}, commit {commit}, on {os.cpu_count()} cores "
+            f"({system}, host {platform.node()}).")
 
 
 def save_worker_result(result: Optional[dict], path: str) -> None:

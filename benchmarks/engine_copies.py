@@ -6,7 +6,7 @@ For each model's dense keys taken as one bucket (``kvstore/overlap.py``), the
 CPU time (this process, all threads: the caller's Python and MXNet's engine) and the wall
 time per step of:
 
-* ``split``: the updated weights into the outputs with one ``_split_v2`` (stop 29 to 32);
+* ``split``: the updated weights into the outputs with one ``_split_v2`` (the store's earlier way);
 * ``copy per key, out``: one ``copyto`` per key (what the store does since);
 * ``concat``: the gradients into the bucket with one ``concat``;
 * ``copy per key, in``: one ``copyto`` per key.
@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from .common import footer, grouped_bars, save_figure, write_outputs
+from .common import DIAGNOSTICS_OUT, footer, grouped_bars, save_figure, write_outputs
 
 log = logging.getLogger("benchmarks")
 
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     p.add_argument("--models", nargs="+", default=["lm", "nmt", "cnn"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=200)
-    p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--out", default=DIAGNOSTICS_OUT)
     p.add_argument("--name", default="engine_copies")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

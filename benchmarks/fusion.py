@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from .common import grouped_bars, run_job as run, save_figure, timed
+from .common import footer, grouped_bars, run_job as run, save_figure, timed
 
 log = logging.getLogger("benchmarks")
 
@@ -127,8 +127,7 @@ def report(results: Dict, args) -> str:
         cells = [f"{r[c]:.2f}" if c in r else "–" for c in CASES]
         lines.append(f"| {ranks} | " + " | ".join(cells) +
                      f" | {r['store_per_key'] / r['store_fused_views']:.1f}× |")
-    lines.append(f"\nReproduce: `python -m benchmarks.fusion --keys {args.keys} --key-kb "
-                 f"{args.key_kb} --ranks {' '.join(map(str, results))} --repeats {args.repeats}`\n")
+    lines += ["", *footer("fusion"), ""]
     return "\n".join(lines)
 
 

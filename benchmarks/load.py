@@ -1,4 +1,4 @@
-"""Load test (issue 9): the memory of every process of a job stays flat under many keys and
+"""Load test: the memory of every process of a job stays flat under many keys and
 many steps.
 
     python -m benchmarks.load                 # 5,000 keys x 200 steps x 4 workers, both shapes
@@ -403,7 +403,7 @@ def report(results: Dict, args) -> str:
     sizes = key_sizes(args.keys, args.min_floats, args.max_floats)
     large = ", ".join(f"{n / 2**20:g} M" for n in args.large_floats)
     lines = [f"# Load test: memory of every process under {args.keys:,} keys and {args.steps} "
-             "steps (issue 9)", "",
+             "steps", "",
              f"{datetime.date.today().isoformat()}. {args.workers} workers; {args.keys:,} small "
              f"dense float32 keys of {min(sizes)}–{max(sizes)} floats ({sum(sizes) * 4 / MB:.1f} "
              f"MB in all) and {len(args.large_floats)} large ones of {large} floats; "

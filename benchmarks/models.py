@@ -46,14 +46,15 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .cluster import EmulatedCluster
-from .common import footer, grouped_bars, ratio_cell, run_job, save_figure, write_outputs
+from .common import DIAGNOSTICS_OUT, footer, grouped_bars, provenance, ratio_cell, run_job, \
+    save_figure, write_outputs
 from .model_zoo import MODELS
 from .wire import describe, per_host, table3
 
 log = logging.getLogger("benchmarks")
 
-#: settings a system runs with (the blocking path: dense sums after backward, issue 16's
-#: "before")
+#: settings a system runs with (the blocking path: dense sums after backward, as before
+#: the engine path)
 SYSTEM_ENV = {"kvhybrid blocking": {"KVHYBRID_ENGINE": "0"}}
 
 #: name -> (worker system, launcher shape, tables forced to allreduce)
@@ -92,8 +93,7 @@ def add_wrapped_worker_args(p: argparse.ArgumentParser, name: str, steps: int,
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--name", default=name)
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" /
-                                        "benchmarks"))
+    p.add_argument("--out", default=DIAGNOSTICS_OUT)
 
 
 def run_wrapped_workers(benchmark: str, args, model: str, name: str, tmp: str) -> Path:
@@ -232,6 +232,8 @@ class Setting:
     #: steps each job ran and the first of them left out as warm-up (0: the run's --steps)
     steps: int = 0
     warmup: int = 0
+    #: when, on which commit and machine it was measured (``common.provenance``)
+    measured: str = ""
 
     @property
     def median(self) -> Dict[str, Dict[str, dict]]:
@@ -273,7 +275,7 @@ def load_setting(path: Path, hosts: int, rate: str, servers: int, workers: int,
                    hosts=hosts, servers=saved.get("servers", servers), rounds=saved["rounds"],
                    sweeps=saved.get("sweeps", []), rate=rate if hosts else "",
                    command=saved.get("command", []), steps=saved.get("steps", 0),
-                   warmup=saved.get("warmup", 0))
+                   warmup=saved.get("warmup", 0), measured=saved.get("measured", ""))
 
 
 def measure(args, hosts: int, rate: str, alpha_tokens: List[int],
@@ -290,7 +292,7 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int],
                if (n != "kvhybrid group-master" or hosts) and (n != "compute only" or not hosts)]
     setting = Setting(where=setting_name(hosts, rate, args.workers, args.delay), hosts=hosts,
                       servers=args.servers, rate=rate if hosts else "", command=sys.argv[1:],
-                      steps=args.steps, warmup=args.warmup)
+                      steps=args.steps, warmup=args.warmup, measured=provenance())
     with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
             contextlib.ExitStack() as stack:
         args.launcher_args = []
@@ -329,11 +331,11 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "threads included): where there are more busy threads than cores, the step is bound "
         "by the machine's CPU ms ÷ its cores.", "",
         bytes_table(results, setting.where), "",
-        *footer("models", setting.command or None)]) + "\n"
+        *footer("models", setting.command or None, setting.measured or None)]) + "\n"
     write_outputs(args.out, name, table, results, plot)
     (Path(args.out) / f"{name}_rounds.json").write_text(json.dumps(
         {"where": setting.where, "servers": setting.servers, "command": setting.command,
-         "steps": setting.steps, "warmup": setting.warmup,
+         "steps": setting.steps, "warmup": setting.warmup, "measured": setting.measured,
          "rounds": setting.rounds, "sweeps": setting.sweeps}))
     if sweep:
         lines = [f"# LM-like, {setting.where}: kvhybrid and dist_sync against α", "",
@@ -343,15 +345,15 @@ def write_setting(args, name: str, setting: Setting) -> None:
             a, b = r["kvhybrid"]["words_per_second"], r["dist_sync"]["words_per_second"]
             lines.append(f"| {t} | {a:,.0f} | {b:,.0f} | "
                          f"{ratio_cell(setting.ratios(t, 'kvhybrid', 'dist_sync', True))} |")
-        write_outputs(args.out, f"{name}_alpha",
-                      "\n".join(lines + ["", *footer("models", setting.command or None)]) + "\n",
+        ending = footer("models", setting.command or None, setting.measured or None)
+        write_outputs(args.out, f"{name}_alpha", "\n".join(lines + ["", *ending]) + "\n",
                       sweep, plot_alpha)
 
 
 #: the suite's (steps, warm-up) at 100 Mbit/s, where one Horovod LM step takes 12 s
 SLOW_STEPS = (20, 5)
 
-#: throughput targets (issues 8 and 16): (setting, model, peer, kvhybrid ÷ peer at least);
+#: throughput targets: (setting, model, peer, kvhybrid ÷ peer at least);
 #: setting: "loopback", "4 hosts" (1 Gbit/s), "2x2 hosts" (2 hosts × 2 workers, every rate);
 #: peer "better": the faster of dist_sync and Horovod in each round
 TARGETS = [("loopback", "lm", "dist_sync", 1.0), ("loopback", "nmt", "dist_sync", 1.0),
@@ -634,7 +636,7 @@ def main(argv=None) -> None:
     loop = next((x for x in settings if not x.hosts), None)
     rounds = sorted({len(x.rounds) for x in settings})
     text = "\n".join([
-        f"# Model-level targets (issues 8 and 16), {'/'.join(map(str, rounds))} round(s) per "
+        f"# Model-level targets, {'/'.join(map(str, rounds))} round(s) per "
         "setting", "",
         *([f"**Not measured yet:** {', '.join(missing)} (`--suite --resume` measures them)", ""]
           if missing else []),

@@ -1,4 +1,4 @@
-"""Dense sums overlapped with backward (issue 16), side by side: ``python -m benchmarks.overlap``.
+"""Dense sums overlapped with backward, side by side: ``python -m benchmarks.overlap``.
 
 Each model trains under kvhybrid with the engine path (the default), kvhybrid with the
 blocking path (``KVHYBRID_ENGINE=0``: sums after the whole backward pass) and MXNet's

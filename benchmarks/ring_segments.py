@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from .common import footer, grouped_bars, run_job, save_figure, save_worker_result, timed, \
-    write_outputs
+from .common import DIAGNOSTICS_OUT, footer, grouped_bars, run_job, save_figure, \
+    save_worker_result, timed, write_outputs
 
 log = logging.getLogger("benchmarks")
 
@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10, help="timed calls per system and size")
     p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--out", default=DIAGNOSTICS_OUT)
     p.add_argument("--name", default="ring_segments")
     p.add_argument("--worker", help=argparse.SUPPRESS)   # (under mpirun: where to write)
     return p.parse_args(argv)

@@ -2,7 +2,7 @@
 
     python -m benchmarks.sparse_pull --workers 2 4 --servers 2
 
-The issue behind it (Parallax §3.1 meets MXNET-MPI's client groups): before each
+Why it matters (Parallax §3.1 meets MXNET-MPI's client groups): before each
 forward pass every worker needs the current rows of its batch's ids.
 
 * ``master``: one client group; its master pulls the union of the group's ids
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Dict
 
-from .common import grouped_bars, run_job as run, save_figure
+from .common import footer, grouped_bars, run_job as run, save_figure
 
 log = logging.getLogger("benchmarks")
 
@@ -112,9 +112,7 @@ def report(results: Dict, args) -> str:
         step = by["every"]["step_ms"] / by["master"]["step_ms"]
         lines.append(f"- {n} workers: every-worker pulls take {ratio:.2f}x the master design's "
                      f"time (push + pull: {step:.2f}x)")
-    lines.append(f"\nReproduce: `python -m benchmarks.sparse_pull --workers "
-                 f"{' '.join(map(str, results))} --servers {args.servers} --rows {args.rows} "
-                 f"--dim {args.dim} --ids {args.ids} --repeats {args.repeats}`\n")
+    lines += ["", *footer("sparse_pull"), ""]
     return "\n".join(lines)
 
 

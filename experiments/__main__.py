@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from benchmarks.common import stop_job
+from benchmarks.common import provenance, stop_job
 from . import report
 from .modes import MODES, Mode
 from .tasks import TASKS
@@ -147,8 +148,7 @@ def main(argv=None) -> int:
                f"![{task}]({task}.png)", ""]
         answers += report.findings(task, runs, target)
     md += ["## Answers", ""] + [f"- {a}" for a in answers] + [""]
-    md += [f"Command: `python -m experiments {' '.join(sys.argv[1:])}`",
-           f"Machine: {os.cpu_count()} cores."]
+    md += [f"Command: `python -m experiments {shlex.join(sys.argv[1:])}`", provenance()]
     (out / "experiments.md").write_text("\n".join(md) + "\n")
     (out / "experiments.json").write_text(json.dumps(
         {"args": vars(args), "results": results}, indent=1))

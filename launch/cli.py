@@ -263,7 +263,7 @@ class Job:
         """OMP_NUM_THREADS for processes on ``hosts`` (the least of their shares), unless the
         user set it. MXNet's operators otherwise start a thread per core in every process,
         whose waits spin: 4 workers and a server on 2 cores took 26-30 ms an NMT step
-        instead of 19-21 (docs/performance.md, "Stop 32")."""
+        instead of 19-21 (docs/launching.md)."""
         if "OMP_NUM_THREADS" in self.base_env:
             return {}
         return {"OMP_NUM_THREADS": str(min(self._omp_threads(h) for h in hosts))}

@@ -138,8 +138,7 @@ def _auto_row_masters(plan: JobPlan) -> str:
     """``host`` when the one client group, with servers, spans several hosts, else
     ``group``: one master's link would carry every host's rows in and then out again, where
     a master per host sends its host's rows once, summed, as Parallax does (4 emulated hosts
-    at 1 Gbit/s: LM 1.15x, NMT 1.21x the throughput of one master; docs/performance.md,
-    "Stop 34")."""
+    at 1 Gbit/s: LM 1.15x, NMT 1.21x the throughput of one master; docs/launching.md)."""
     one_spanning = plan.num_clients == 1 and plan.clients[0].spans_hosts
     return "host" if plan.num_servers and one_spanning else "group"
 
