@@ -5,14 +5,16 @@
     python -m benchmarks list                 # what ``all`` runs, with each command
 
 Run it from the repository's root, as every benchmark. Each benchmark runs as its own
-``python -m benchmarks.<name> ...`` (the command its table names), writing ``<name>.{md,json,png}`` into ``--out`` (``docs/benchmarks``); the
-experiments go to ``--experiments-out`` (``docs/experiments``). A line per benchmark says
+``python -m benchmarks.<name> ...`` (the command its table names), writing
+``<name>.{md,json,png}`` into ``--out`` (``docs/benchmarks``); the experiments go to
+``--experiments-out`` (``docs/experiments``). A line per benchmark says
 where the run is and how long each took; a benchmark that fails does not stop the others,
 and the run exits non-zero naming it. Last, ``benchmarks.status`` redraws the headline plot
 and the README's status table from the models' results.
 
 The settings are chosen to fit about 30 minutes on a 2-core machine: 3 rounds of every
-comparison (the systems' order alternated), shorter runs than each benchmark's defaults.
+comparison (the systems' order alternated), shorter runs than each benchmark's defaults
+(20 steps a models job, 1,000 keys in the load test, 3 epochs of the experiments' LM).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from .common import stop_job
 
 log = logging.getLogger("benchmarks")
 
-MODELS_SHORT = ["--rounds", "3", "--steps", "30", "--warmup", "5"]
+MODELS_SHORT = ["--rounds", "3", "--steps", "20", "--warmup", "5"]
 
 
 @dataclass(frozen=True)
@@ -58,24 +60,24 @@ PLAN = [
               ["--hosts", "2", "--rate", "1gbit", "--models", "lm", "nmt", "cnn", "--systems",
                "kvhybrid", "dist_sync", *MODELS_SHORT, "--name", "models_2x2_1gbit"],
               "the same models on 2 emulated hosts × 2 workers joined at 1 Gbit/s"),
-    Benchmark("allreduce", "benchmarks.allreduce", ["--rounds", "3", "--repeats", "10"],
+    Benchmark("allreduce", "benchmarks.allreduce", ["--rounds", "3", "--repeats", "5"],
               "dense sums of 4, 16, 64 MB against Open MPI, Horovod and the memory bound"),
     Benchmark("fusion", "benchmarks.fusion", ["--repeats", "20"],
               "200 small keys a step: key by key, fused, fused in one buffer"),
-    Benchmark("sparse_pull", "benchmarks.sparse_pull", ["--repeats", "20"],
+    Benchmark("sparse_pull", "benchmarks.sparse_pull", ["--repeats", "10"],
               "a table's rows pulled by the group's master or by every worker"),
     Benchmark("partitions", "benchmarks.partitions",
-              ["--sweep", "1", "2", "4", "8", "--rounds", "1", "--steps", "20"],
+              ["--sweep", "1", "2", "4", "--rounds", "1", "--steps", "20"],
               "step time against the partition count P, and the tuner's choice"),
     Benchmark("compression", "benchmarks.compression",
-              ["--rounds", "3", "--epochs", "4", "--thresholds", "0.5"],
+              ["--rounds", "3", "--epochs", "2", "--thresholds", "0.5"],
               "2bit compression: bytes saved, accuracy against dist_sync's"),
     Benchmark("overlap", "benchmarks.overlap",
-              ["--models", "cnn", "--rounds", "3", "--steps", "30", "--warmup", "5"],
+              ["--models", "cnn", "--rounds", "3", "--steps", "20", "--warmup", "5"],
               "the CNN's dense sums overlapped with backward, against the blocking path"),
-    Benchmark("load", "benchmarks.load", ["--steps", "100"],
-              "every process's memory under 5,000 keys"),
-    Benchmark("experiments", "experiments", [],
+    Benchmark("load", "benchmarks.load", ["--keys", "1000", "--steps", "50"],
+              "every process's memory under 1,000 keys and 50 steps"),
+    Benchmark("experiments", "experiments", ["--epochs", "lm=3"],
               "MXNET-MPI's six training modes: accuracy against wall time", into="experiments"),
 ]
 NAMES = [b.name for b in PLAN]

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -59,8 +60,16 @@ def sweep(args, tmp: str) -> Dict[int, List[float]]:
 def tuner(args, tmp: str) -> dict:
     cache = os.path.join(tmp, "cache")
     log.info("partitions: kvhybrid-launch --tune-partitions (empty cache) ...")
-    run_job(_launch(args, ["--tune-partitions", "--tune-out", args.out]),
+    report_dir = Path(tmp, "tuning")
+    run_job(_launch(args, ["--tune-partitions", "--tune-out", str(report_dir)]),
             _env(KVHYBRID_CACHE_DIR=cache), args.timeout * 6, "the tuning run", "partitions")
+    # the launcher's page and plot, the page ending as every benchmark's does
+    page = (report_dir / "partitions_tuning.md").read_text()
+    out = Path(args.out)
+    title = "# The partition tuner's samples and fit (`kvhybrid-launch --tune-partitions`)"
+    (out / "partitions_tuning.md").write_text("\n".join([title, "", page, *footer("partitions")])
+                                              + "\n")
+    shutil.copyfile(report_dir / "partitions_tuning.png", out / "partitions_tuning.png")
     (entry,) = json.loads(Path(cache, "partitions.json").read_text()).values()
     return entry
 

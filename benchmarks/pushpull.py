@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from .common import footer, save_worker_result, timed, write_outputs
+from .common import DIAGNOSTICS_OUT, footer, save_worker_result, timed, write_outputs
 
 log = logging.getLogger("benchmarks")
 
@@ -325,7 +325,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timeout", type=float, default=600, help="seconds per job")
-    p.add_argument("--out", default="docs/benchmarks", help="folder for pushpull.{md,json,png}")
+    p.add_argument("--out", default=DIAGNOSTICS_OUT, help="folder for pushpull.{md,json,png}")
     p.add_argument("--no-horovod", action="store_true", help="skip Horovod (if not installed)")
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS),
                    help="environments to measure under")

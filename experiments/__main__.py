@@ -47,7 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=4, help="in every mode")
     p.add_argument("--clients", type=int, default=2, help="client groups of the mpi-* modes")
     p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--epochs", type=int, help="override every task's default")
+    p.add_argument("--epochs", nargs="+", metavar="[TASK=]N",
+                   help="epochs of every task (N), or of some (lm=3); default: each task's ("
+                        + ", ".join(f"{t} {d['epochs']}" for t, d in DEFAULTS.items()) + ")")
     p.add_argument("--interval", type=int, default=16,
                    help="ESGD: steps between center exchanges (KVHYBRID_ELASTIC_INTERVAL)")
     p.add_argument("--alpha", type=float,
@@ -63,16 +65,30 @@ def parse_args(argv=None) -> argparse.Namespace:
                 "needs parameter servers")
     if args.interval < 1:
         p.error("--interval must be at least 1 step")
+    args.epochs = _epochs(p, args.epochs or [])
     if args.alpha is not None and not 0 < args.alpha < 1:
         p.error(f"--alpha must lie strictly between 0 and 1, got {args.alpha}")
     return args
+
+
+def _epochs(p: argparse.ArgumentParser, given: List[str]) -> Dict[str, int]:
+    """Each task's epochs from ``--epochs`` (``N`` for every task, or ``task=N``)."""
+    epochs = {t: d["epochs"] for t, d in DEFAULTS.items()}
+    for item in given:
+        task, _, n = item.rpartition("=")
+        if task and task not in DEFAULTS:
+            p.error(f"--epochs {item}: no task {task!r}; the tasks are {', '.join(DEFAULTS)}")
+        if not n.isdigit() or int(n) < 1:
+            p.error(f"--epochs {item}: the epochs must be a whole number of at least 1")
+        epochs.update({task: int(n)} if task else {t: int(n) for t in epochs})
+    return epochs
 
 
 def run_mode(args, task: str, mode: Mode, folder: Path) -> float:
     """Train ``task`` under ``mode``; return the job's wall seconds. The launcher's output
     goes to ``folder/job.log``."""
     d = DEFAULTS[task]
-    epochs = args.epochs or d["epochs"]
+    epochs = args.epochs[task]
     cmd = [sys.executable, "-m", "kvhybrid.launch.cli",
            *mode.launcher_args(args.workers, args.clients, args.servers),
            "python", "-m", "experiments.worker", "--task", task, "--store", mode.store,

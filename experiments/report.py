@@ -64,7 +64,7 @@ def table(task: str, runs: Dict[str, Dict], shapes: Dict[str, str], target: floa
 
 
 def findings(task: str, runs: Dict[str, Dict], target: float) -> List[str]:
-    """The two questions of MXNET-MPI §7 that the issue asks, answered from this run."""
+    """Two questions of MXNET-MPI §7, answered from this run."""
     out = []
     sgd, dist = runs.get("mpi-SGD"), runs.get("dist-SGD")
     if sgd and dist:

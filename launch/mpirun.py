@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 #: Set for every rank unless the user's environment already sets it. glibc then
 #: backs large allocations (MXNet's arrays, MPI's buffers) with transparent huge
 #: pages: on 2 cores a 64 MB allreduce takes 13 ms instead of 29-34 ms
-#: (docs/benchmarks/pushpull.md).
+#: (``python -m benchmarks.pushpull``).
 DEFAULT_ENV = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 #: Open MPI's allreduce rules for kvhybrid's jobs: its own choice below 8 MB, the

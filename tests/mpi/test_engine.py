@@ -1,4 +1,4 @@
-"""Engine-scheduled collectives: the dense path that overlaps backward (issue 16).
+"""Engine-scheduled collectives: the dense path that overlaps backward.
 
 Real mpirun jobs; each rank writes what it saw to a file (tests/mpi/workers/engine_ops.py).
 Equivalence of training through the engine path with one process is in

@@ -76,7 +76,7 @@ def test_the_stores_differ_only_by_their_mode():
 
 
 def test_the_store_is_a_thin_layer():
-    # the MXNet API over its parts; the work lives in the parts (issue 20: a few hundred lines)
+    # the MXNet API over its parts; the work lives in the parts (a few hundred lines)
     lines = len((PACKAGE / "kvstore" / "store.py").read_text().splitlines())
     assert lines < 600, f"kvstore/store.py has {lines} lines: move the work into a part"
 
