@@ -14,7 +14,9 @@ and the README's status table from the models' results.
 
 The settings are chosen to fit about 30 minutes on a 2-core machine: 3 rounds of every
 comparison (the systems' order alternated), shorter runs than each benchmark's defaults
-(20 steps a models job, 1,000 keys in the load test, 3 epochs of the experiments' LM).
+(20 steps a models job, NMT on loopback only, 1,000 keys in the load test, 15 and 3 epochs
+of the experiments' tasks). The first full run with the benchmarks' own defaults took 42
+minutes.
 """
 from __future__ import annotations
 
@@ -57,14 +59,15 @@ PLAN = [
                *MODELS_SHORT],
               "LM, NMT and CNN on loopback against dist_sync and Horovod"),
     Benchmark("models_2x2_1gbit", "benchmarks.models",
-              ["--hosts", "2", "--rate", "1gbit", "--models", "lm", "nmt", "cnn", "--systems",
+              ["--hosts", "2", "--rate", "1gbit", "--models", "lm", "cnn", "--systems",
                "kvhybrid", "dist_sync", *MODELS_SHORT, "--name", "models_2x2_1gbit"],
-              "the same models on 2 emulated hosts × 2 workers joined at 1 Gbit/s"),
-    Benchmark("allreduce", "benchmarks.allreduce", ["--rounds", "3", "--repeats", "5"],
-              "dense sums of 4, 16, 64 MB against Open MPI, Horovod and the memory bound"),
+              "the LM and the CNN on 2 emulated hosts × 2 workers joined at 1 Gbit/s"),
+    Benchmark("allreduce", "benchmarks.allreduce",
+              ["--sizes-mb", "4", "64", "--rounds", "3", "--repeats", "5"],
+              "dense sums of 4 and 64 MB against Open MPI, Horovod and the memory bound"),
     Benchmark("fusion", "benchmarks.fusion", ["--repeats", "20"],
               "200 small keys a step: key by key, fused, fused in one buffer"),
-    Benchmark("sparse_pull", "benchmarks.sparse_pull", ["--repeats", "10"],
+    Benchmark("sparse_pull", "benchmarks.sparse_pull", ["--workers", "4", "--repeats", "10"],
               "a table's rows pulled by the group's master or by every worker"),
     Benchmark("partitions", "benchmarks.partitions",
               ["--sweep", "1", "2", "4", "--rounds", "1", "--steps", "20"],
@@ -73,11 +76,12 @@ PLAN = [
               ["--rounds", "3", "--epochs", "2", "--thresholds", "0.5"],
               "2bit compression: bytes saved, accuracy against dist_sync's"),
     Benchmark("overlap", "benchmarks.overlap",
-              ["--models", "cnn", "--rounds", "3", "--steps", "20", "--warmup", "5"],
+              ["--models", "cnn", "--systems", "kvhybrid", "kvhybrid blocking", "--rounds", "3",
+               "--steps", "20", "--warmup", "5"],
               "the CNN's dense sums overlapped with backward, against the blocking path"),
     Benchmark("load", "benchmarks.load", ["--keys", "1000", "--steps", "50"],
               "every process's memory under 1,000 keys and 50 steps"),
-    Benchmark("experiments", "experiments", ["--epochs", "lm=3"],
+    Benchmark("experiments", "experiments", ["--epochs", "digits=15", "lm=3"],
               "MXNET-MPI's six training modes: accuracy against wall time", into="experiments"),
 ]
 NAMES = [b.name for b in PLAN]

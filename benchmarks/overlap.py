@@ -30,19 +30,25 @@ RATIOS = [("kvhybrid", "kvhybrid blocking"), ("kvhybrid", "dist_sync"),
           ("kvhybrid blocking", "dist_sync")]
 
 
+def ratios(systems: List[str]):
+    """The ratios reported among ``systems``: (numerator, denominator) of each."""
+    return [(a, b) for a, b in RATIOS if a in systems and b in systems]
+
+
 def tables(runs: Dict[str, List[Dict[str, dict]]], args) -> str:
     """runs[model] = one {system: result} per round."""
+    systems, pairs = args.systems, ratios(args.systems)
     lines = [f"# Dense sums overlapped with backward: loopback, {args.workers} workers, "
              f"1 server, {args.rounds} rounds with the systems' order alternated", "",
-             "| model | " + " | ".join(f"{s} ms/step (median)" for s in SYSTEMS) + " | " +
-             " | ".join(f"{a} ÷ {b}" for a, b in RATIOS) + " |",
-             "|---|" + "---:|" * (len(SYSTEMS) + len(RATIOS))]
+             "| model | " + " | ".join(f"{s} ms/step (median)" for s in systems) + " | " +
+             " | ".join(f"{a} ÷ {b}" for a, b in pairs) + " |",
+             "|---|" + "---:|" * (len(systems) + len(pairs))]
     for model, rounds in runs.items():
         ms = [f"{statistics.median(r[s]['step_seconds'] for r in rounds) * 1e3:.1f}"
-              for s in SYSTEMS]
-        ratios = [ratio_cell([r[a]["words_per_second"] / r[b]["words_per_second"]
-                              for r in rounds]) for a, b in RATIOS]
-        lines.append(f"| {model} | " + " | ".join(ms + ratios) + " |")
+              for s in systems]
+        cells = [ratio_cell([r[a]["words_per_second"] / r[b]["words_per_second"]
+                             for r in rounds]) for a, b in pairs]
+        lines.append(f"| {model} | " + " | ".join(ms + cells) + " |")
     lines += ["", "Ratios are throughput ratios (higher: the first system is faster): median "
               "over the rounds, range in brackets.", "",
               "## Engine buckets: how much of each allreduce backward hid", "",
@@ -71,7 +77,7 @@ def plot(runs, path: Path) -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4))
     models = list(runs)
-    for i, (a, b) in enumerate(RATIOS):
+    for i, (a, b) in enumerate(ratios(list(next(iter(runs.values()))[0]))):
         for j, model in enumerate(models):
             values = [r[a]["words_per_second"] / r[b]["words_per_second"] for r in runs[model]]
             x = j + (i - 1) * 0.25
@@ -81,7 +87,7 @@ def plot(runs, path: Path) -> None:
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(models)), models)
     ax.set_ylabel("throughput ratio (median, range)")
-    ax.set_title("engine path against the blocking path and dist_sync (loopback)")
+    ax.set_title("the engine path against the blocking path (loopback)")
     ax.legend(fontsize=8)
     save_figure(fig, path)
 
@@ -91,6 +97,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overlap",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["cnn", "lm", "nmt"])
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS,
+                   help="kvhybrid (the engine path) and the peers it is set against")
     p.add_argument("--rounds", type=int, default=3, help="repeats, the systems' order alternated")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--steps", type=int, default=60)
@@ -101,11 +109,14 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="overlap", help="file names: NAME.md, NAME.json, NAME.png")
     args = p.parse_args(argv)
+    if not {"kvhybrid", "kvhybrid blocking"} <= set(args.systems):
+        p.error("--systems needs kvhybrid and kvhybrid blocking: the benchmark sets the engine "
+                "path against the blocking path")
     args.hosts, args.servers, args.launcher_args = 0, 1, []
     runs: Dict[str, List[Dict[str, dict]]] = {m: [] for m in args.models}
     with tempfile.TemporaryDirectory(prefix="kvhybrid-overlap-") as tmp:
         for round_ in range(args.rounds):
-            order = SYSTEMS if round_ % 2 == 0 else SYSTEMS[::-1]
+            order = args.systems if round_ % 2 == 0 else args.systems[::-1]
             for model in args.models:
                 log.info("overlap: round %d of %d, %s: %s", round_ + 1, args.rounds, model,
                          ", ".join(order))

@@ -137,3 +137,12 @@ def test_ring_segments_benchmark_times_every_segment_size_on_correct_sums(tmp_pa
     assert set(times) == {"MPI Allreduce", "ring (rule)", "ring 4 KB", "ring 64 KB"}
     assert all(len(by_size["0.3"]) == 2 and min(by_size["0.3"]) > 0 for by_size in times.values())
     assert "rule ÷ each ring" in table and "loopback, 3 ranks" in table
+
+
+def test_overlap_benchmark_sets_the_engine_path_against_the_blocking_path(tmp_path):
+    """With --systems naming only the two paths, the table and plot carry their ratio alone."""
+    table, runs = run_bench("overlap", tmp_path, "--models", "cnn", "--systems", "kvhybrid",
+                            "kvhybrid blocking", "--rounds", 1, "--steps", 3, "--warmup", 1)
+    assert [set(r) for r in runs["cnn"]] == [{"kvhybrid", "kvhybrid blocking"}]
+    assert "kvhybrid ÷ kvhybrid blocking" in table and "dist_sync" not in table
+    assert "## Engine buckets" in table
