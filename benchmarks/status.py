@@ -26,7 +26,8 @@ from . import ROOT as _ROOT
 
 ROOT = Path(_ROOT)
 
-BEGIN = "<!-- status table: written by python -m benchmarks.status; edit the benchmarks, not this -->"
+BEGIN = ("<!-- status table: written by python -m benchmarks.status; edit the benchmarks, "
+         "not this -->")
 END = "<!-- end of status table -->"
 MODELS = [("lm", "LM-like"), ("nmt", "NMT-like"), ("cnn", "CNN")]
 PEERS = [("dist_sync", "`dist_sync`"), ("Horovod", "Horovod")]
@@ -67,7 +68,7 @@ def _ratios_of_rounds(rounds: List[dict]) -> Dict[str, Dict[str, Ratio]]:
     for peer, _ in PEERS:
         for model, _ in MODELS:
             values = [r[model]["kvhybrid"]["words_per_second"] / r[model][peer]["words_per_second"]
-                      for r in rounds if "kvhybrid" in r.get(model, {}) and peer in r.get(model, {})]
+                      for r in rounds if {"kvhybrid", peer} <= set(r.get(model, {}))]
             if values:
                 out.setdefault(peer, {})[model] = (statistics.median(values), min(values),
                                                    max(values))
