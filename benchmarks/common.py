@@ -83,7 +83,20 @@ def stop_job(proc: subprocess.Popen) -> None:
 
 def ratio_cell(values: Sequence[float]) -> str:
     """A ratio measured over several rounds: its median, its range in brackets."""
-    return f"{statistics.median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
+    return ratio_text(statistics.median(values), min(values), max(values))
+
+
+def ratio_text(median: float, least: float, most: float) -> str:
+    """``ratio_cell``'s text from the three figures (a summary that kept no rounds)."""
+    return f"{median:.2f}× ({least:.2f}–{most:.2f})"
+
+
+def round_ratios(rounds: Sequence[Mapping[str, Mapping[str, dict]]], key: str, a: str,
+                 b: str) -> List[float]:
+    """``a``'s throughput ÷ ``b``'s in each round that ran both on ``key`` (a model, or a
+    sweep's words per sample): the same round's runs, so a noisy minute hits both."""
+    return [r[key][a]["words_per_second"] / r[key][b]["words_per_second"]
+            for r in rounds if a in r.get(key, {}) and b in r.get(key, {})]
 
 
 def footer(module: str, argv: Optional[List[str]] = None,

@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .cluster import EmulatedCluster
-from .common import DIAGNOSTICS_OUT, footer, grouped_bars, provenance, ratio_cell, run_job, \
-    save_figure, write_outputs
+from .common import DIAGNOSTICS_OUT, footer, grouped_bars, provenance, ratio_cell, \
+    round_ratios, run_job, save_figure, write_outputs
 from .model_zoo import MODELS
 from .wire import describe, per_host, table3
 
@@ -249,9 +249,7 @@ class Setting:
 
     def ratios(self, model: str, a: str, b: str, sweep: bool = False) -> List[float]:
         """``a``'s throughput ÷ ``b``'s in each round (the same round's runs)."""
-        rounds = self.sweeps if sweep else self.rounds
-        return [r[model][a]["words_per_second"] / r[model][b]["words_per_second"]
-                for r in rounds if a in r.get(model, {}) and b in r.get(model, {})]
+        return round_ratios(self.sweeps if sweep else self.rounds, model, a, b)
 
 
 def _median_run(runs: List[dict]) -> dict:

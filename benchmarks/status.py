@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from . import ROOT as _ROOT
+from .common import ratio_text, round_ratios
 
 ROOT = Path(_ROOT)
 
@@ -63,12 +64,12 @@ class Setting:
 
 
 def _ratios_of_rounds(rounds: List[dict]) -> Dict[str, Dict[str, Ratio]]:
-    """What ``models.Setting.ratios`` gives, per peer and model, as (median, least, most)."""
+    """The models table's ratios (``common.round_ratios``), per peer and model, as (median,
+    least, most)."""
     out: Dict[str, Dict[str, Ratio]] = {}
     for peer, _ in PEERS:
         for model, _ in MODELS:
-            values = [r[model]["kvhybrid"]["words_per_second"] / r[model][peer]["words_per_second"]
-                      for r in rounds if {"kvhybrid", peer} <= set(r.get(model, {}))]
+            values = round_ratios(rounds, model, "kvhybrid", peer)
             if values:
                 out.setdefault(peer, {})[model] = (statistics.median(values), min(values),
                                                    max(values))
@@ -94,8 +95,8 @@ def load(folder: Path) -> List[Setting]:
 
 
 def cell(r: Optional[Ratio]) -> str:
-    """The benchmark's own format (``common.ratio_cell``)."""
-    return "–" if r is None else f"{r[0]:.2f}× ({r[1]:.2f}–{r[2]:.2f})"
+    """The models table's own format (``common.ratio_cell``)."""
+    return "–" if r is None else ratio_text(*r)
 
 
 def table(settings: List[Setting]) -> str:
