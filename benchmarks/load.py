@@ -171,6 +171,8 @@ def worker(args) -> None:
 
 # -- the driving side ----------------------------------------------------------------------------
 MPIRUNS = ("mpirun", "mpiexec", "orterun", "prterun")
+#: the roles ``describe`` recognises; any other is read again on the next round
+JOB_ROLES = ("launcher", "mpirun", "worker", "scheduler", "server")
 
 
 def describe(proc, root: int) -> Dict[str, object]:
@@ -184,6 +186,8 @@ def describe(proc, root: int) -> Dict[str, object]:
     client = env.get("KVHYBRID_CLIENT_ID")
     if proc.pid == root:
         role = "launcher"
+    elif not cmdline:   # inside execve: the new image has no arguments yet
+        role = proc.name()
     elif os.path.basename(cmdline[0]) in MPIRUNS:
         role = "mpirun"
     elif "benchmarks.load" in cmdline and "--worker" in cmdline:
@@ -226,10 +230,12 @@ class Sampler(threading.Thread):
             for p in procs:
                 try:
                     rss = p.memory_info().rss
-                    # a child between fork and exec shows its parent's command line: its
-                    # role is read again once it has changed
+                    # a child between fork and exec shows its parent's command line, and
+                    # inside execve an empty one or none of its environment: its role is
+                    # read again until it is one of the job's
                     argv = p.cmdline()
-                    if self._argv.get(p.pid) != argv:
+                    if self._argv.get(p.pid) != argv \
+                            or self.info[p.pid]["role"] not in JOB_ROLES:
                         self.info[p.pid] = describe(p, self.root)
                         self._argv[p.pid] = argv
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
