@@ -33,6 +33,20 @@ def timed(fn: Callable[[], None], repeats: int, warmup: int, barrier) -> List[fl
     return times
 
 
+def mpirun_command(ranks: int, bench: str) -> List[str]:
+    """``mpirun -np ranks`` for a plain MPI benchmark job on this machine (Open MPI: more
+    ranks than cores allowed, none bound to a core); exits naming ``bench`` if there is none."""
+    from kvhybrid.launch.mpirun import find_mpirun, flavour
+    try:
+        mpirun = find_mpirun()
+    except FileNotFoundError as exc:
+        raise SystemExit(f"{bench}: {exc}") from None
+    cmd = [mpirun, "-np", str(ranks)]
+    if flavour(mpirun) == "openmpi":
+        cmd += ["--oversubscribe", "--bind-to", "none"]
+    return cmd
+
+
 def resolve(module: str, path: str) -> Tuple[object, str, object]:
     """(the object that holds the last name of the dotted ``path`` inside ``module``, that
     name, what it holds now): where a wrapping benchmark (caller_cpu, step_timeline) puts

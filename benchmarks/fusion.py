@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from .common import footer, grouped_bars, run_job as run, save_figure, timed
+from .common import footer, grouped_bars, mpirun_command, run_job as run, save_figure, timed
 
 log = logging.getLogger("benchmarks")
 
@@ -93,22 +93,13 @@ def worker_horovod(args) -> Dict[str, List[float]]:
     return {"horovod": timed(step, args.repeats, args.warmup, MPI.COMM_WORLD.Barrier)}
 
 
-def _mpirun(n: int) -> List[str]:
-    from kvhybrid.launch.mpirun import find_mpirun, flavour
-    mpirun = find_mpirun()
-    cmd = [mpirun, "-np", str(n)]
-    if flavour(mpirun) == "openmpi":
-        cmd += ["--oversubscribe", "--bind-to", "none"]
-    return cmd
-
-
 def run_job(kind: str, ranks: int, args) -> Dict[str, List[float]]:
     with tempfile.TemporaryDirectory(prefix="kvhybrid-fusion-") as tmp:
         result = os.path.join(tmp, "result.json")
-        cmd = _mpirun(ranks) + [sys.executable, "-m", "benchmarks.fusion", "--worker", kind,
-                                "--result", result, "--keys", str(args.keys), "--key-kb",
-                                str(args.key_kb), "--repeats", str(args.repeats), "--warmup",
-                                str(args.warmup)]
+        cmd = mpirun_command(ranks, "fusion") + [
+            sys.executable, "-m", "benchmarks.fusion", "--worker", kind, "--result", result,
+            "--keys", str(args.keys), "--key-kb", str(args.key_kb), "--repeats",
+            str(args.repeats), "--warmup", str(args.warmup)]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMP_NUM_THREADS="1")
         run(cmd, env, args.timeout, f"the {kind} job on {ranks} ranks", "fusion")

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from .common import DIAGNOSTICS_OUT, footer, save_worker_result, timed, write_outputs
+from .common import DIAGNOSTICS_OUT, footer, mpirun_command, save_worker_result, timed, write_outputs
 
 log = logging.getLogger("benchmarks")
 
@@ -165,18 +165,6 @@ def _worker_cmd(kind: str, args, out: str) -> List[str]:
             "--warmup", str(args.warmup)]
 
 
-def _mpirun(n: int) -> List[str]:
-    from kvhybrid.launch.mpirun import find_mpirun, flavour
-    try:
-        mpirun = find_mpirun()
-    except FileNotFoundError as exc:
-        raise SystemExit(f"pushpull: {exc}") from None
-    cmd = [mpirun, "-np", str(n)]
-    if flavour(mpirun) == "openmpi":
-        cmd += ["--oversubscribe", "--bind-to", "none"]
-    return cmd
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -241,7 +229,8 @@ def measure(args) -> Dict:
                 elif kind == "memory":
                     _run(_worker_cmd(kind, args, out), env, args.timeout, kind)
                 else:
-                    _run(_mpirun(args.ranks) + _worker_cmd(kind, args, out), env, args.timeout, kind)
+                    _run(mpirun_command(args.ranks, "pushpull") + _worker_cmd(kind, args, out),
+                         env, args.timeout, kind)
                 log.info("pushpull: %s done in %.0f s", kind, time.monotonic() - t0)
                 for size, cases in json.load(open(out)).items():
                     results.setdefault(variant, {}).setdefault(size, {}).update(cases)
