@@ -21,8 +21,10 @@ setup(
         "horovod": ["horovod==0.28.1"],
         # benchmarks/ (python -m benchmarks.*, from the repository; not installed): plots; the load benchmark samples CPU with psutil
         "bench": ["matplotlib>=3.5", "psutil>=5.9"],
-        # experiments/ (python -m experiments, from the repository; not installed): scikit-learn's digits dataset
-        "experiments": ["scikit-learn>=1.1"],
+        # experiments/ (python -m experiments, from the repository; not installed): its plots
+        # (its digits data lie in experiments/data)
+        "experiments": ["matplotlib>=3.5"],
+        # scikit-learn: the test that the kept digits are its copy
         "test": ["pytest>=7", "pytest-timeout>=2", "psutil>=5.9", "scikit-learn>=1.1",
                  "matplotlib>=3.5"],
     },
