@@ -107,3 +107,12 @@ class EmulatedCluster:
         atexit.unregister(self.close)
         if self._old_term is not None:
             signal.signal(signal.SIGTERM, self._old_term)
+
+
+def setting_name(hosts: int, rate: str, workers: int, delay: Optional[str] = None) -> str:
+    """A setting's name in the tables: loopback, or its emulated hosts and links."""
+    if not hosts:
+        return "loopback"
+    per_host = workers // hosts
+    return (f"{hosts} emulated hosts" + (f" × {per_host} workers" if per_host > 1 else "")
+            + f" at {rate}" + (f", {delay} latency" if delay else ""))

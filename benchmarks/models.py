@@ -45,7 +45,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from .cluster import EmulatedCluster
+from .cluster import EmulatedCluster, setting_name
 from .common import DIAGNOSTICS_OUT, footer, grouped_bars, provenance, ratio_cell, \
     round_ratios, run_job, save_figure, write_outputs
 from .model_zoo import MODELS
@@ -254,15 +254,6 @@ class Setting:
 
 def _median_run(runs: List[dict]) -> dict:
     return sorted(runs, key=lambda r: r["words_per_second"])[(len(runs) - 1) // 2]
-
-
-def setting_name(hosts: int, rate: str, workers: int, delay: Optional[str] = None) -> str:
-    """A setting's name in the tables: loopback, or its emulated hosts and links."""
-    if not hosts:
-        return "loopback"
-    per_host = workers // hosts
-    return (f"{hosts} emulated hosts" + (f" × {per_host} workers" if per_host > 1 else "")
-            + f" at {rate}" + (f", {delay} latency" if delay else ""))
 
 
 def load_setting(path: Path, hosts: int, rate: str, servers: int, workers: int,

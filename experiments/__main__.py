@@ -2,20 +2,30 @@
 
     python -m experiments                        # both tasks, all six modes
     python -m experiments --tasks digits --modes mpi-SGD dist-SGD --epochs 5
+    python -m experiments --hosts 2 --workers 8 --rate 1gbit   # on 2 emulated hosts (root)
 
 For each task and mode it runs ``kvhybrid-launch ... python -m experiments.worker``
 (a scheduler, the servers, one ``mpirun`` per client), then writes into ``--out``:
 ``<task>.csv`` (validation after every epoch), ``<task>.png`` (accuracy against wall time
 and epochs, mean epoch time), ``experiments.md`` (the tables, the answers to §7's
 questions, the command) and ``experiments.json``.
+
+``--hosts N`` runs every job on N emulated hosts (``benchmarks/cluster.py``: network
+namespaces joined by links of ``--rate``), the workers spread evenly over them, a client
+group and a server per host unless ``--clients``/``--servers`` say otherwise: the regime
+the paper measured, where the network, not the cores, is what the modes share. Where
+matplotlib is missing (the 16-core machine's pack), the tables and JSON are written and
+``--replot`` draws the plots later from the JSON.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from benchmarks.cluster import EmulatedCluster, setting_name
 from benchmarks.common import provenance, stop_job
 from . import report
 from .modes import MODES, Mode
@@ -45,8 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["digits", "lm"])
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     p.add_argument("--workers", type=int, default=4, help="in every mode")
-    p.add_argument("--clients", type=int, default=2, help="client groups of the mpi-* modes")
-    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--clients", type=int,
+                   help="client groups of the mpi-* modes (default: one per --hosts, else 2)")
+    p.add_argument("--servers", type=int, help="default: one per --hosts, else 1")
     p.add_argument("--epochs", nargs="+", metavar="[TASK=]N",
                    help="epochs of every task (N), or of some (lm=3); default: each task's ("
                         + ", ".join(f"{t} {d['epochs']}" for t, d in DEFAULTS.items()) + ")")
@@ -54,9 +66,37 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="ESGD: steps between center exchanges (KVHYBRID_ELASTIC_INTERVAL)")
     p.add_argument("--alpha", type=float,
                    help="ESGD: elastic force (KVHYBRID_ELASTIC_ALPHA; default 0.9 / clients)")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="emulate this many hosts (network namespaces, root only) joined by "
+                        "links of --rate; 0: everything on loopback")
+    p.add_argument("--rate", default="1gbit", help="emulated link bandwidth (tc tbf rate)")
+    p.add_argument("--delay", help="emulated link latency each way (tc netem delay), e.g. 100us")
     p.add_argument("--out", default="docs/experiments")
     p.add_argument("--timeout", type=float, default=1200, help="seconds per run")
+    p.add_argument("--replot", action="store_true",
+                   help="run nothing: draw the plots of --out's experiments.json (a run made "
+                        "where matplotlib is missing)")
     args = p.parse_args(argv)
+    if args.replot:
+        if not (Path(args.out) / "experiments.json").is_file():
+            p.error(f"--replot draws from --out's experiments.json, and {args.out} has none: "
+                    "run the experiments first, or point --out at the folder they wrote")
+        return args
+    if args.hosts < 0:
+        p.error(f"--hosts must be 0 (loopback) or more, got {args.hosts}")
+    if args.hosts:
+        if args.workers % args.hosts:
+            p.error(f"--workers {args.workers} must be a multiple of --hosts {args.hosts}: every "
+                    "emulated host runs as many workers")
+        if os.geteuid() != 0:
+            p.error("--hosts needs root: the emulated hosts are network namespaces (run as "
+                    "root, or leave --hosts out to run on loopback)")
+        if shutil.which("ip") is None or shutil.which("tc") is None:
+            p.error("--hosts needs iproute2's ip and tc on PATH (apt-get install iproute2)")
+    if args.clients is None:
+        args.clients = args.hosts or 2
+    if args.servers is None:
+        args.servers = args.hosts or 1
     if args.workers < 1 or args.clients < 1 or args.workers % args.clients:
         p.error(f"--workers {args.workers} must be a positive multiple of --clients "
                 f"{args.clients}")
@@ -90,7 +130,7 @@ def run_mode(args, task: str, mode: Mode, folder: Path) -> float:
     d = DEFAULTS[task]
     epochs = args.epochs[task]
     cmd = [sys.executable, "-m", "kvhybrid.launch.cli",
-           *mode.launcher_args(args.workers, args.clients, args.servers),
+           *mode.launcher_args(args.workers, args.clients, args.servers), *args.launcher_args,
            "python", "-m", "experiments.worker", "--task", task, "--store", mode.store,
            "--out", str(folder), "--epochs", str(epochs), "--batch-size", str(d["batch"]),
            "--lr", str(d["lr"]),
@@ -120,22 +160,31 @@ def run_mode(args, task: str, mode: Mode, folder: Path) -> float:
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out = Path(args.out)
+    if args.replot:
+        return replot(out)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(t, m) for t in args.tasks for m in args.modes]
     results: Dict[str, Dict[str, Dict]] = {t: {} for t in args.tasks}
     shapes = {m: f"{args.workers} × {MODES[m].clients(args.workers, args.clients)}"
               for m in args.modes}
+    where = setting_name(args.hosts, args.rate, args.workers, args.delay)
     failures: List[str] = []
-    with tempfile.TemporaryDirectory(prefix="kvhybrid-experiments-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvhybrid-experiments-") as tmp, \
+            contextlib.ExitStack() as stack:
+        args.launcher_args = []
+        if args.hosts:   # deleted on exit, on an exception and on SIGTERM
+            cluster = stack.enter_context(EmulatedCluster(args.hosts, args.rate, args.delay))
+            hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // args.hosts)
+            args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
         for n, (task, name) in enumerate(jobs, 1):
             mode, folder = MODES[name], Path(tmp) / f"{task}-{name}"
             folder.mkdir()
-            log.info("[%d/%d] %s under %s (%s on %s): %d workers, %d client(s), %d server(s) ...",
-                     n, len(jobs), task, name, mode.store, "MXNet" if "dist_" in mode.store
-                     else "kvhybrid", args.workers, mode.clients(args.workers, args.clients),
-                     args.servers)
+            log.info("[%d/%d] %s under %s (%s on %s), %s: %d workers, %d client(s), "
+                     "%d server(s) ...", n, len(jobs), task, name, mode.store,
+                     "MXNet" if "dist_" in mode.store else "kvhybrid", where, args.workers,
+                     mode.clients(args.workers, args.clients), args.servers)
             try:
                 seconds = run_mode(args, task, mode, folder)
                 run = results[task][name] = report.load_run(folder)
@@ -147,11 +196,11 @@ def main(argv=None) -> int:
             log.info("[%d/%d] done in %.0f s: accuracy %.4f, mean epoch %.3f s", n, len(jobs),
                      seconds, last["accuracy"], run["mean_epoch_seconds"])
     md = ["# MXNET-MPI §7: six training modes", "",
-          f"{args.workers} workers; mpi-* modes in {args.clients} client groups, dist-* modes a "
-          f"client per worker; {args.servers} parameter server(s). ESGD: center exchange every "
-          f"{args.interval} steps, alpha {args.alpha or '0.9 / clients'}. Validation after "
-          "every epoch on rank 0's own weights; wall time is training time, validation "
-          f"excluded; mean epoch time averages every worker's epochs after the first "
+          f"{args.workers} workers, {where}; mpi-* modes in {args.clients} client groups, "
+          f"dist-* modes a client per worker; {args.servers} parameter server(s). ESGD: center "
+          f"exchange every {args.interval} steps, alpha {args.alpha or '0.9 / clients'}. "
+          "Validation after every epoch on rank 0's own weights; wall time is training time, "
+          "validation excluded; mean epoch time averages every worker's epochs after the first "
           f"{report.WARMUP_EPOCHS}.", ""]
     answers = []
     for task, runs in results.items():
@@ -159,7 +208,6 @@ def main(argv=None) -> int:
             continue
         target = DEFAULTS[task]["target"]
         report.write_csv(out / f"{task}.csv", task, runs)
-        report.plot(out / f"{task}.png", task, runs, target)
         md += [report.table(task, runs, shapes, target, TASKS[task]().perplexity),
                f"![{task}]({task}.png)", ""]
         answers += report.findings(task, runs, target)
@@ -169,9 +217,27 @@ def main(argv=None) -> int:
     (out / "experiments.json").write_text(json.dumps(
         {"args": vars(args), "results": results}, indent=1))
     print("\n".join(md))
+    plotted = replot(out)
     if failures:
         log.error("failed: %s", ", ".join(failures))
         return 1
+    return plotted
+
+
+def replot(out: Path) -> int:
+    """Draw ``<task>.png`` from ``out/experiments.json``: after a run, or later where
+    matplotlib is (a run on a machine without it wrote its tables and JSON)."""
+    saved = json.loads((out / "experiments.json").read_text())
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log.warning("no matplotlib here: the plots are not drawn; draw them where it is "
+                    "with python -m experiments --replot --out %s", out)
+        return 0
+    for task, runs in saved["results"].items():
+        if runs:
+            report.plot(out / f"{task}.png", task, runs, DEFAULTS[task]["target"])
+            log.info("drew %s", out / f"{task}.png")
     return 0
 
 

@@ -20,6 +20,9 @@ def test_modes_are_launched_as_the_paper_describes():
 
 @pytest.mark.parametrize("argv, message", [
     (["--workers", "3", "--clients", "2"], "multiple of --clients"),
+    (["--hosts", "3"], "--workers 4 must be a multiple of --hosts 3"),
+    (["--hosts", "-1"], "--hosts must be 0 (loopback) or more"),
+    (["--replot", "--out", "/nonexistent"], "has none: run the experiments first"),
     (["--servers", "0"], "--servers must be at least 1"),
     (["--interval", "0"], "--interval must be at least 1"),
     (["--alpha", "1"], "strictly between 0 and 1"),
@@ -86,3 +89,47 @@ def test_mpi_sgd_trains_as_mxnets_dist_sync(three_modes):
                 (task, epoch)
             assert float(a["accuracy"]) == pytest.approx(float(b["accuracy"]),
                                                          abs=DIST_SYNC_ACCURACY_ABS), (task, epoch)
+
+
+def test_emulated_hosts_default_to_a_client_group_and_a_server_per_host():
+    args = parse_args(["--hosts", "2", "--workers", "8"])
+    assert (args.clients, args.servers) == (2, 2)
+    loopback = parse_args([])
+    assert (loopback.clients, loopback.servers) == (2, 1)
+
+
+@pytest.mark.parametrize("missing, message", [
+    ("root", "--hosts needs root: the emulated hosts are network namespaces"),
+    ("tc", "--hosts needs iproute2's ip and tc on PATH")])
+def test_emulated_hosts_need_root_and_iproute2(missing, message, monkeypatch, capsys):
+    """As a machine without them sees it: refused before anything runs, with the fix."""
+    import experiments.__main__ as runner
+    if missing == "root":
+        monkeypatch.setattr(runner.os, "geteuid", lambda: 1000)
+    else:
+        real = runner.shutil.which
+        monkeypatch.setattr(runner.shutil, "which", lambda n: None if n == "tc" else real(n))
+    with pytest.raises(SystemExit):
+        parse_args(["--hosts", "2"])
+    assert message in capsys.readouterr().err
+
+
+def test_mpi_sgd_on_emulated_hosts_trains_as_dist_sync(tmp_path):
+    """2 emulated hosts at 1 Gbit/s, a client group per host: mpi-SGD's epoch matches MXNet's
+    dist_sync as on loopback, the table names the hosts, and --replot draws the plot again
+    from the JSON (as after a run on a machine without matplotlib)."""
+    cmd = [sys.executable, "-m", "experiments", "--hosts", "2", "--rate", "1gbit", "--tasks",
+           "digits", "--modes", "dist-SGD", "mpi-SGD", "--epochs", "1", "--out", str(tmp_path)]
+    r = _run_killable(cmd, "the experiment runner on emulated hosts", 600, {})
+    assert r.returncode == 0, r.output[-4000:]
+    assert "4 workers, 2 emulated hosts × 2 workers at 1gbit; mpi-* modes in 2 client groups" \
+        in (tmp_path / "experiments.md").read_text()
+    a, b = [next(row for row in rows(tmp_path / "digits.csv") if row["mode"] == m)
+            for m in ("dist-SGD", "mpi-SGD")]
+    assert float(a["loss"]) == pytest.approx(float(b["loss"]), rel=DIST_SYNC_LOSS_REL)
+    (tmp_path / "digits.png").unlink()
+    r = _run_killable([sys.executable, "-m", "experiments", "--replot", "--out", str(tmp_path)],
+                      "the experiments' replot", 120, {})
+    assert r.returncode == 0, r.output[-2000:]
+    assert (tmp_path / "digits.png").stat().st_size > 10_000
+

@@ -81,7 +81,8 @@ def test_a_resumed_suite_reads_back_the_settings_it_wrote(tmp_path):
     """--resume keeps a setting from its NAME_rounds.json, written with or without the
     setting's name (files of earlier runs carry only the rounds): same verdicts."""
     import json
-    from benchmarks.models import load_setting, setting_name
+    from benchmarks.cluster import setting_name
+    from benchmarks.models import load_setting
     net = Setting(setting_name(2, "100mbit", 4), 2, 2, rounds(
         {"lm": {"kvhybrid": 150, "dist_sync": 100, "Horovod": 10}}))
     assert net.where == "2 emulated hosts × 2 workers at 100mbit"
