@@ -133,3 +133,13 @@ def test_mpi_sgd_on_emulated_hosts_trains_as_dist_sync(tmp_path):
     assert r.returncode == 0, r.output[-2000:]
     assert (tmp_path / "digits.png").stat().st_size > 10_000
 
+
+
+def test_without_matplotlib_the_plots_are_left_for_replot(tmp_path, monkeypatch, caplog):
+    """As the 16-core machine's pack sees it: no plot, no failure, and the way to draw them."""
+    from experiments.__main__ import replot
+    (tmp_path / "experiments.json").write_text(json.dumps({"results": {"digits": {"x": {}}}}))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # an import of it now fails
+    assert replot(tmp_path) == 0
+    assert not (tmp_path / "digits.png").exists()
+    assert f"python -m experiments --replot --out {tmp_path}" in caplog.text
