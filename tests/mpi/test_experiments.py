@@ -9,6 +9,7 @@ import pytest
 from experiments.__main__ import parse_args
 from experiments.modes import MODES
 from tests.support.jobs import _run_killable
+from tests.support.netns import netns_available
 
 
 def test_modes_are_launched_as_the_paper_describes():
@@ -91,7 +92,10 @@ def test_mpi_sgd_trains_as_mxnets_dist_sync(three_modes):
                                                          abs=DIST_SYNC_ACCURACY_ABS), (task, epoch)
 
 
-def test_emulated_hosts_default_to_a_client_group_and_a_server_per_host():
+def test_emulated_hosts_default_to_a_client_group_and_a_server_per_host(monkeypatch):
+    import experiments.__main__ as runner   # (as on a machine that may emulate hosts)
+    monkeypatch.setattr(runner.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(runner.shutil, "which", lambda name: f"/usr/sbin/{name}")
     args = parse_args(["--hosts", "2", "--workers", "8"])
     assert (args.clients, args.servers) == (2, 2)
     loopback = parse_args([])
@@ -114,6 +118,8 @@ def test_emulated_hosts_need_root_and_iproute2(missing, message, monkeypatch, ca
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not netns_available(),
+                    reason="needs root and Linux network namespaces (ip netns add)")
 def test_mpi_sgd_on_emulated_hosts_trains_as_dist_sync(tmp_path):
     """2 emulated hosts at 1 Gbit/s, a client group per host: mpi-SGD's epoch matches MXNet's
     dist_sync as on loopback, the table names the hosts, and --replot draws the plot again
