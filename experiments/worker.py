@@ -1,6 +1,8 @@
-"""One worker of an experiment: trains a task with a plain ``gluon.Trainer`` on the store
-it is given, under ``kvhybrid-launch``. The runner (``python -m experiments``)
-starts it; by hand:
+"""One worker of an experiment: trains a task on the store it is given, under
+``kvhybrid-launch``, with ``gluon.Trainer`` on MXNet's stores and
+``kvhybrid.DistributedTrainer`` on kvhybrid's (which also hands over the next batch's rows
+of a sparse table, ``prefetch``, as the models benchmark does). The runner
+(``python -m experiments``) starts it; by hand:
 
     kvhybrid-launch -n 4 --clients 2 --servers 1 python -m experiments.worker \\
         --task digits --store hybrid-mpi-elastic --out /tmp/run
@@ -20,6 +22,7 @@ import time
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon
+from mxnet.gluon.contrib.nn import SparseEmbedding
 
 import kvhybrid
 from .tasks import TASKS, evaluate
@@ -74,17 +77,24 @@ def main(argv=None) -> None:
     if rank == 0:
         print(f"{args.task} on {args.store}: {size} workers, {len(train)} steps of "
               f"{args.batch_size} per worker per epoch", flush=True)
+    # kvhybrid fetches a sparse table's rows for the next batch while this step finishes
+    # (kvhybrid.prefetch), as a user after speed would; MXNet's stores have no such call
+    tables = [b.weight for b in net._children.values() if isinstance(b, SparseEmbedding)] \
+        if trainer_class is not gluon.Trainer else []
     trained = 0.0
     step = 0
     for epoch in range(1, args.epochs + 1):
         start = time.perf_counter()
-        for data, label in train:
+        batches = list(train)   # this epoch's shuffle, so each step knows the next batch
+        for i, (data, label) in enumerate(batches):
             if args.log_steps:
                 print(f"rank {rank} step {step}", flush=True)
             step += 1
             with autograd.record():
                 loss = loss_fn(net(data), label)
             loss.backward()
+            if tables and i + 1 < len(batches):
+                trainer.prefetch({t: batches[i + 1][0] for t in tables})
             trainer.step(1)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
