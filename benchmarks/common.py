@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 log = logging.getLogger("benchmarks")
 
 #: where the diagnostic tools (before_after, caller_cpu, step_timeline, engine_copies,
-#: ring_segments) and pushpull, whose results are not kept, write by default: a git-ignored
+#: ring_segments, waits) and pushpull, whose results are not kept, write by default: a git-ignored
 #: folder, not docs/benchmarks, which holds the current result of each benchmark that
 #: ``python -m benchmarks all`` regenerates
 DIAGNOSTICS_OUT = str(Path(__file__).resolve().parent.parent / "bench-out")
