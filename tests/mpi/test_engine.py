@@ -38,9 +38,10 @@ def test_a_failing_collective_completes_and_raises_on_the_callers_thread(seen):
 
 
 def test_a_lone_pushpull_sums_in_its_own_array_and_leaves_values_it_must_keep(seen):
-    # two calls of one key, no out: both summed in place (no copy in or out), the second
-    # summing the first's sums; an out keeps the value; one array for two keys is copied
-    assert all(s["lone_in_place"] == 2 for s in seen), seen
+    # three calls of one key, no out or the value as the out: all summed in place (no copy
+    # in or out), each summing the one before's sums; another out keeps the value; one
+    # array for two keys is copied
+    assert all(s["lone_in_place"] == 3 for s in seen), seen
     assert all(s["lone_sums_right"] for s in seen), seen
     assert all(s["lone_out_and_shared_right"] for s in seen), seen
 

@@ -7,8 +7,8 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
 - returns_early: submit returns while its inputs are still being computed;
 - failure: a collective that raises still completes its engine operation (waitall
   returns) and the error reaches the caller's thread, naming the operation;
-- lone_*: a one-key pushpull with no out is summed in the key's own array (in place);
-  with an out the value stays, and an array named for two keys of one call is copied;
+- lone_*: a one-key pushpull with no out, or its value as its out, is summed in the key's
+  own array (in place); with another out the value stays, and an array named for two keys of one call is copied;
 - pushpull_early: a store pushpull after backward returns before the engine has run its
   buckets, and the weights it updates are right once the engine is done;
 - shared_key_right: two pushpull calls that share a key, alternating, with the store's
@@ -114,8 +114,9 @@ except KVHybridError as exc:
 comm.close()
 gate.close()
 
-# a lone key's pushpull with no out is summed in its own array (no copy in or out); with
-# an out, or when the call names one array for two keys, the value stays as it is
+# a lone key's pushpull with no out, or with its value as its out, is summed in its own
+# array (no copy in or out); with another out, or when the call names one array for two
+# keys, the value stays as it is
 total = size * (size + 1) / 2   # the ranks' (rank + 1) summed
 big = (600, 500)   # 1.2 MB: past the first bucket's bound, so two such keys are two buckets
 for k in (300, 301):
@@ -124,9 +125,10 @@ lone = mx.nd.ones(big) * (rank + 1)
 before = kv.engine.group.fused_in_place
 kv.pushpull(300, lone)
 kv.pushpull(300, lone)   # the second call sums the first's sums
+kv.pushpull(300, lone, out=lone)   # its value as its out: in place as well
 mx.nd.waitall()
 seen["lone_in_place"] = kv.engine.group.fused_in_place - before
-seen["lone_sums_right"] = bool(np.allclose(lone.asnumpy(), total * size))
+seen["lone_sums_right"] = bool(np.allclose(lone.asnumpy(), total * size * size))
 kept, dst = mx.nd.ones(big) * (rank + 1), mx.nd.zeros(big)
 kv.pushpull(300, kept, out=dst)
 twice = mx.nd.ones(big) * (rank + 1)
