@@ -7,7 +7,9 @@ The table sits in README.md between two markers and holds kvhybrid's throughput 
 peer's, median of the rounds with the range, for every setting whose results are in
 ``docs/benchmarks``: ``models_rounds.json`` (loopback), ``models_2x2_1gbit_rounds.json``
 (emulated hosts), and ``models_16cores.json`` (the 16-core machine's run, a summary of its
-ratios: that machine is not this one, so ``python -m benchmarks all`` does not rerun it).
+ratios: that machine is not this one, so ``python -m benchmarks all`` does not rerun it);
+and one row of cost from ``cost.json`` (``benchmarks.cost``): kvhybrid's caller's thread
+CPU per step ÷ ``dist_sync``'s at its largest worker count, where lower is better.
 Written from the same rounds and with the same rounding as the benchmark's own tables, so
 the README cannot drift from them.
 """
@@ -31,11 +33,15 @@ BEGIN = ("<!-- status table: written by python -m benchmarks.status; edit the be
          "not this -->")
 END = "<!-- end of status table -->"
 MODELS = [("lm", "LM-like"), ("nmt", "NMT-like"), ("cnn", "CNN")]
-PEERS = [("dist_sync", "`dist_sync`"), ("Horovod", "Horovod")]
+#: the status row of cost, not throughput (``benchmarks.cost``)
+CALLER_CPU = "dist_sync caller CPU"
+PEERS = [("dist_sync", "`dist_sync` (throughput)"), ("Horovod", "Horovod (throughput)"),
+         (CALLER_CPU, "`dist_sync` (caller's thread CPU per step: lower is better)")]
 #: (results file, what the setting is), in the table's order
 SETTINGS = [("models_rounds.json", "loopback, 4 workers"),
             ("models_2x2_1gbit_rounds.json", "2 emulated hosts × 2 workers, 1 Gbit/s"),
-            ("models_16cores.json", "loopback, 4 workers")]
+            ("models_16cores.json", "loopback, 4 workers"),
+            ("cost.json", "loopback, {workers} workers")]
 PLOT = "status.png"
 
 Ratio = Tuple[float, float, float]   # median, least, most
@@ -84,7 +90,13 @@ def load(folder: Path) -> List[Setting]:
         if not path.exists():
             continue
         saved = json.loads(path.read_text())
-        if "rounds" in saved and isinstance(saved["rounds"], list):
+        if "caller_cpu_ratio" in saved:   # benchmarks.cost: ratios per round, at most workers
+            rows = {m: v for m, v in saved["caller_cpu_ratio"].items() if v}
+            ratios = {CALLER_CPU: {m: (statistics.median(v), min(v), max(v))
+                                   for m, v in rows.items()}}
+            rounds = max(map(len, rows.values()), default=0)
+            what = what.format(workers=max(map(int, saved["workers"]), default=0))
+        elif "rounds" in saved and isinstance(saved["rounds"], list):
             ratios, rounds = _ratios_of_rounds(saved["rounds"]), len(saved["rounds"])
         else:   # a summary: {"ratios": {peer: {model: [median, least, most]}}, "rounds": n}
             ratios = {peer: {m: tuple(v) for m, v in by.items()}
@@ -100,7 +112,7 @@ def cell(r: Optional[Ratio]) -> str:
 
 
 def table(settings: List[Setting]) -> str:
-    lines = ["| kvhybrid's throughput ÷ | setting | " + " | ".join(m for _, m in MODELS)
+    lines = ["| kvhybrid's ÷ | setting | " + " | ".join(m for _, m in MODELS)
              + " | rounds | measured |", "|---|---|" + "---:|" * len(MODELS) + "---:|---|"]
     for s in settings:
         for peer, label in PEERS:

@@ -155,3 +155,20 @@ def test_overlap_benchmark_sets_the_engine_path_against_the_blocking_path(tmp_pa
     assert [set(r) for r in runs["cnn"]] == [{"kvhybrid", "kvhybrid blocking"}]
     assert "kvhybrid ÷ kvhybrid blocking" in table and "dist_sync" not in table
     assert "## Engine buckets" in table
+
+
+def test_cost_benchmark_sets_every_systems_cpu_against_dist_syncs(tmp_path):
+    """Every system's caller's thread and machine CPU per step measured, each round, and
+    kvhybrid's set against dist_sync's of the same round (the README's status row)."""
+    table, saved = run_bench("cost", tmp_path, "--models", "lm", "--workers", 2, "--rounds", 1,
+                             "--steps", 6, "--warmup", 2, "--tokens", 10, "--systems",
+                             "kvhybrid", "dist_sync", "compute only")
+    (round_,) = saved["workers"]["2"]
+    for system in ("kvhybrid", "dist_sync", "compute only"):
+        run = round_["lm"][system]
+        assert run["cpu_ms_per_step"]["caller"] > 0 and run["machine_cpu_ms_per_step"] > 0, run
+        assert f"| lm | 2 | {system} |" in table
+    (ratio,) = saved["caller_cpu_ratio"]["lm"]
+    caller = {s: round_["lm"][s]["cpu_ms_per_step"]["caller"] for s in ("kvhybrid", "dist_sync")}
+    assert ratio == caller["kvhybrid"] / caller["dist_sync"]
+    assert "communication CPU ms / step" in table and "Command: `python -m benchmarks.cost" in table

@@ -86,7 +86,7 @@ def test_the_status_table_takes_the_models_pages_own_ratios(tmp_path):
         == "1.10× (0.90–1.30)"
     assert (only.cores, only.when) == ("2 cores", "2026-01-02, abc1234")
     row = status.table([only]).splitlines()[-1]
-    assert row.startswith("| `dist_sync` | loopback, 4 workers, 2 cores | 1.10× (0.90–1.30) | – "
-                          "| – | 3 |")
+    assert row.startswith("| `dist_sync` (throughput) | loopback, 4 workers, 2 cores | "
+                          "1.10× (0.90–1.30) | – | – | 3 |")
     with pytest.raises(ValueError, match="status markers"):
         status.replace_block("no markers here", status.block([only]))
