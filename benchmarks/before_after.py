@@ -79,14 +79,23 @@ def _run(tree: Path, args, out: Path) -> Dict[str, dict]:
 
 def _table(rounds: List[dict], args) -> str:
     lines = ["| model | system | before ms/step | after ms/step | after ÷ before throughput, "
-             "median (range) |", "|---|---|---:|---:|---:|"]
+             "median (range) | caller's thread CPU ms/step, before → after | after ÷ before "
+             "caller's CPU |", "|---|---|---:|---:|---:|---:|---:|"]
     for model in args.models:
         for system in args.systems:
             before = [r["before"][model][system]["step_seconds"] for r in rounds]
             after = [r["after"][model][system]["step_seconds"] for r in rounds]
             ratios = [b / a for b, a in zip(before, after)]
+            cpu = {side: [(r[side][model][system].get("cpu_ms_per_step") or {}).get("caller")
+                           for r in rounds] for side in ("before", "after")}
+            cpu_cells = "– | –"
+            if all(v for v in cpu["before"] + cpu["after"]):
+                cpu_cells = (f"{statistics.median(cpu['before']):.2f} → "
+                             f"{statistics.median(cpu['after']):.2f} | "
+                             + ratio_cell([a / b for b, a in zip(cpu["before"], cpu["after"])]))
             lines.append(f"| {model} | {system} | {statistics.median(before) * 1e3:.1f} | "
-                         f"{statistics.median(after) * 1e3:.1f} | {ratio_cell(ratios)} |")
+                         f"{statistics.median(after) * 1e3:.1f} | {ratio_cell(ratios)} | "
+                         f"{cpu_cells} |")
     return "\n".join(lines)
 
 

@@ -87,6 +87,14 @@ def new_host_row_sparse(ids: np.ndarray, shape,
     return arr, host_view(arr, dtype, math.prod(row_shape)).reshape(row_shape)
 
 
+def empty_row_sparse(shape, dtype) -> RowSparseNDArray:
+    """A new host row_sparse array of ``shape`` with no rows and no memory yet: an out for
+    a pull, which sizes it (``mx.nd.sparse.zeros`` runs an operator through the engine for
+    the same: 26 us of the caller's CPU against 7)."""
+    return RowSparseNDArray(_new_alloc_handle("row_sparse", tuple(shape), mx.cpu(), True,
+                                              np.dtype(dtype), [np.int64], [(0,)]))
+
+
 def host_row_sparse(rows: np.ndarray, ids: np.ndarray, shape, dtype) -> RowSparseNDArray:
     """A new host row_sparse array of ``shape`` holding ``rows`` at the sorted unique
     ``ids`` (``new_host_row_sparse``, filled)."""

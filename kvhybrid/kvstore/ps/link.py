@@ -28,8 +28,8 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ...errors import KeyValueError
-from ...tensor_collectives.ndarray_view import (host_array, host_row_sparse, host_view,
-                                                wait_to_write)
+from ...tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
+                                                host_view, wait_to_write)
 from ...tensor_collectives.watchdog import Watchdog
 from ..keys import Key
 from . import packs
@@ -254,7 +254,7 @@ class ServerLink:
                 if part.start == part.stop:
                     continue
                 n = int(bounds[i + 1]) - first
-                out = mx.nd.sparse.zeros("row_sparse", (n,) + tuple(shape[1:]), dtype=dtype)
+                out = empty_row_sparse((n,) + tuple(shape[1:]), dtype)
                 self._kv.row_sparse_pull(piece_key(index, i), out=out,
                                          row_ids=host_array(ids[part] - first, np.int64))
                 self.requests += 1
