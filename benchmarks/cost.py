@@ -68,10 +68,17 @@ METRICS: List[tuple] = [
 ]
 
 
+#: a communication's CPU below this share of the machine's is within the noise of the two
+#: machine figures it is the difference of (ticks of 10 ms, compute only's own spread): no
+#: ratio to it (one worker's communication is about that small)
+NOISE_SHARE = 0.1
+
+
 def ratios(rounds: List[dict], model: str, system: str, metric: Metric,
            peer: str = PEER) -> List[float]:
     """``system``'s figure ÷ ``peer``'s in each round that ran both (a noisy minute hits
-    both alike); rounds where the peer's figure is not positive are left out."""
+    both alike); rounds where the peer's figure is not positive, or is a communication's
+    CPU within the noise (``NOISE_SHARE``), are left out."""
     out = []
     for r in rounds:
         runs = r.get(model, {})
@@ -79,8 +86,11 @@ def ratios(rounds: List[dict], model: str, system: str, metric: Metric,
             continue
         compute = runs.get(COMPUTE)
         mine, theirs = metric(runs[system], compute), metric(runs[peer], compute)
-        if mine is not None and theirs is not None and theirs > 0:
-            out.append(mine / theirs)
+        if mine is None or theirs is None or theirs <= 0:
+            continue
+        if metric is _communication and theirs < NOISE_SHARE * _machine(runs[peer], None):
+            continue
+        out.append(mine / theirs)
     return out
 
 
@@ -165,7 +175,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds per job")
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="cost", help="file names: NAME.md, NAME.json, NAME.png")
+    p.add_argument("--replot", action="store_true",
+                   help="measure nothing: write the page and plot again from --out's NAME.json")
     args = p.parse_args(argv)
+    if args.replot:
+        write_page(args.out, args.name, json.loads((Path(args.out) / f"{args.name}.json")
+                                                   .read_text()))
+        return
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.steps <= args.warmup:
@@ -185,23 +201,32 @@ def main(argv: Optional[List[str]] = None) -> None:
         results[str(workers)] = setting.rounds
     saved = {"command": sys.argv[1:], "measured": measured, "steps": args.steps,
              "warmup": args.warmup, "models": args.models, "systems": args.systems,
-             "workers": results,
+             "workers": results, "servers": args.servers_wanted,
+             "batch_size": args.batch_size, "tokens": args.tokens, "rounds": args.rounds,
              "caller_cpu_ratio": summary(results, args.models)}
+    write_page(args.out, args.name, saved)
+
+
+def write_page(out: str, name: str, saved: dict) -> None:
+    """``name``.{md,json,png} from a run's measurements (``saved``: what NAME.json holds)."""
+    saved = {**saved, "caller_cpu_ratio": summary(saved["workers"], saved["models"])}
     text = "\n".join([
-        f"# The store's cost per step against `{PEER}`'s: loopback, {args.servers_wanted} "
-        f"server(s), batch {args.batch_size} per worker, {args.tokens} words per sample, "
-        f"{args.rounds} round(s) with the systems' order alternated", "",
-        table(results, args.models, args.systems), "",
+        f"# The store's cost per step against `{PEER}`'s: loopback, {saved['servers']} "
+        f"server(s), batch {saved['batch_size']} per worker, {saved['tokens']} words per "
+        f"sample, {saved['rounds']} round(s) with the systems' order alternated", "",
+        table(saved["workers"], saved["models"], saved["systems"]), "",
         f"Each cell: the figure per step in the round with the median caller's thread CPU, "
         f"then ÷ `{PEER}`'s in the same round, median over the rounds (range); lower is "
         "cheaper. Caller's thread: a worker's main thread (mean over the workers), the one "
         "that runs forward, backward and `trainer.step` and so bounds a step on any machine. "
         "Machine: every process (workers, servers, scheduler; MXNet's and kvhybrid's own "
         "threads). Communication: the machine's CPU less that of the same processes training "
-        f"alone (compute only) in the same round. {args.steps} steps a job, the first "
-        f"{args.warmup} left out of the times.", "",
-        *footer("cost", saved["command"], measured)]) + "\n"
-    write_outputs(args.out, args.name, text, saved, plot)
+        "alone (compute only) in the same round; no ratio where `dist_sync`'s is below "
+        f"{NOISE_SHARE:.0%} of its machine CPU (within the noise of the two figures: a "
+        f"negative one says the same). {saved['steps']} steps a job, the first "
+        f"{saved['warmup']} left out of the times.", "",
+        *footer("cost", saved["command"], saved["measured"])]) + "\n"
+    write_outputs(out, name, text, saved, plot)
 
 
 if __name__ == "__main__":

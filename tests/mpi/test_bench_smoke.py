@@ -172,3 +172,8 @@ def test_cost_benchmark_sets_every_systems_cpu_against_dist_syncs(tmp_path):
     caller = {s: round_["lm"][s]["cpu_ms_per_step"]["caller"] for s in ("kvhybrid", "dist_sync")}
     assert ratio == caller["kvhybrid"] / caller["dist_sync"]
     assert "communication CPU ms / step" in table and "Command: `python -m benchmarks.cost" in table
+    # --replot writes the same page from the JSON, measuring nothing
+    (tmp_path / "cost.md").unlink()
+    subprocess.run([sys.executable, "-m", "benchmarks.cost", "--replot", "--out", str(tmp_path)],
+                   check=True, capture_output=True, env=job_env(), cwd=ROOT, timeout=120)
+    assert (tmp_path / "cost.md").read_text() == table

@@ -129,7 +129,14 @@ def test_before_after_pairs_each_round_and_reads_faster_as_above_one():
     rounds_ = [{"before": {"lm": {"kvhybrid": {"step_seconds": b}}},
                 "after": {"lm": {"kvhybrid": {"step_seconds": a}}}} for b, a in steps]
     table = _table(rounds_, Namespace(models=["lm"], systems=["kvhybrid"]))
-    assert row(table, "lm") == "| lm | kvhybrid | 50.0 | 50.0 | 1.20× (1.00–1.25) |"
+    assert row(table, "lm") == "| lm | kvhybrid | 50.0 | 50.0 | 1.20× (1.00–1.25) | – | – |"
+    # with the caller's thread CPU measured: its median before and after, after ÷ before
+    cpus = [(2.0, 1.0), (2.0, 1.5), (4.0, 2.0)]
+    for r, (b, a) in zip(rounds_, cpus):
+        r["before"]["lm"]["kvhybrid"]["cpu_ms_per_step"] = {"caller": b}
+        r["after"]["lm"]["kvhybrid"]["cpu_ms_per_step"] = {"caller": a}
+    table = _table(rounds_, Namespace(models=["lm"], systems=["kvhybrid"]))
+    assert row(table, "lm").endswith("| 2.00 → 1.50 | 0.50× (0.50–0.75) |")
 
 
 def test_before_after_refuses_a_tree_whose_jobs_would_run_other_code(tmp_path):

@@ -26,6 +26,13 @@ def test_ratios_are_to_the_same_rounds_dist_sync():
     assert cost.ratios(ROUNDS, "lm", "kvhybrid", cost._communication) == [2.0, 5.0, 13 / 6]
 
 
+def test_no_ratio_to_a_communication_within_the_noise():
+    quiet = [{"lm": {"kvhybrid": run(10, 4.0, 30.0), "dist_sync": run(8, 2.0, 20.5),
+                     "compute only": run(5, 3.0, 20.0)}}]   # dist_sync's: 0.5 of 20.5 ms
+    assert cost.ratios(quiet, "lm", "kvhybrid", cost._communication) == []
+    assert cost.cell(quiet, "lm", "kvhybrid", cost._communication) == "10.0"
+
+
 def test_a_cell_shows_the_median_rounds_figure_and_the_ratios():
     # the rounds' caller CPU: 4, 6, 3: the median round is the first
     assert cost.cell(ROUNDS, "lm", "kvhybrid", cost._machine) == \
