@@ -72,11 +72,12 @@ def thread_level_ok(MPI) -> bool:
 
 
 class _Op:
-    __slots__ = ("ident", "name", "arrays", "work", "started", "done", "ready_at")
+    __slots__ = ("ident", "name", "arrays", "work", "started", "done", "ready_at", "cleanup")
 
     def __init__(self, ident: int, name: str, arrays: Sequence[NDArray],
-                 work: Callable[[], None]):
+                 work: Callable[[], None], cleanup: Optional[Callable[[], None]] = None):
         self.ident, self.name, self.arrays, self.work = ident, name, list(arrays), work
+        self.cleanup = cleanup
         self.started = threading.Event()
         self.done: Optional[_OnComplete] = None
         self.ready_at = 0.0
@@ -166,12 +167,15 @@ class EngineComm:
             ctypes.byref(self._prop), priority, ctypes.c_char_p(b"kvhybrid_" + name.encode()[:64]),
             False))
 
-    def enqueue(self, name: str, work: Callable[[], None]) -> None:
+    def enqueue(self, name: str, work: Callable[[], None],
+                cleanup: Optional[Callable[[], None]] = None) -> None:
         """Queue ``work`` on the communication thread, after everything submitted so far,
-        with no engine operation (it touches no NDArray the engine tracks)."""
+        with no engine operation (it touches no NDArray the engine tracks). ``cleanup``
+        runs after it on that thread whatever happens, also when an earlier failure skips
+        ``work``."""
         self.check()
         self._count += 1
-        op = _Op(self._count, name, (), work)
+        op = _Op(self._count, name, (), work, cleanup)
         op.ready_at = time.perf_counter()
         op.started.set()
         with self._cv:
@@ -217,6 +221,8 @@ class EngineComm:
                 log.error("kvhybrid: %s", self.error)
             finally:
                 op.started.wait()
+                if op.cleanup is not None:
+                    op.cleanup()
                 del self._ops[op.ident]
                 op.arrays = []
                 if op.done is not None:   # an engine operation (not an enqueued job)

@@ -16,12 +16,15 @@ arrives (MXNet issues #19949, #21118).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
+import functools
 import logging
 import math
 import os
+import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -99,6 +102,17 @@ def server_link(watchdog: Watchdog, connect_timeout: float, mode: str, num_serve
     return _LINK
 
 
+def _in_order(method):
+    """A call that talks to the servers: made after the work handed to another thread
+    (``ServerLink.defer``), so that ps-lite sees this process's requests in the order the
+    program made them (a pull after a push gets the rows that push updated)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._fence()
+        return method(self, *args, **kwargs)
+    return call
+
+
 class ServerLink:
     """A group master's ps-lite connection; keys are mapped to ints in call order."""
 
@@ -134,6 +148,12 @@ class ServerLink:
         self._shapes: Dict[Key, Tuple[tuple, np.dtype]] = {}      # dense keys' shape, dtype
         #: ps-lite requests sent (pushes and pulls): ps-lite keeps 8 bytes for each
         self.requests = 0
+        #: pieces of work with this link handed to another thread and not yet done
+        #: (``defer``); a call on any other thread waits for them first (``_fence``)
+        self._deferred = 0
+        self._deferred_done = threading.Condition()
+        #: per thread: the watchdog of a thread doing deferred work (``deferred``)
+        self._thread = threading.local()
 
     def take_over(self, watchdog: Watchdog, num_servers: int, pack_keys: bool) -> None:
         """A new store of this process uses the link: its waits are timed by that store's
@@ -141,11 +161,44 @@ class ServerLink:
         self._watchdog = watchdog
         self.num_servers, self.pack_keys = num_servers, pack_keys
 
+    def defer(self) -> Callable[[], None]:
+        """Count a piece of work another thread will do with this link (inside
+        ``deferred``) before any later call of this one; returns what that thread calls
+        once it is done, or skipped (``EngineComm.enqueue``'s cleanup)."""
+        with self._deferred_done:
+            self._deferred += 1
+
+        def done() -> None:
+            with self._deferred_done:
+                self._deferred -= 1
+                self._deferred_done.notify_all()
+        return done
+
+    @contextlib.contextmanager
+    def deferred(self, watchdog: Watchdog):
+        """Do deferred work on this thread: its waits are timed by ``watchdog`` (this
+        thread's own: two threads must not share one), and its calls pass the fence."""
+        self._thread.watchdog = watchdog
+        try:
+            yield
+        finally:
+            self._thread.watchdog = None
+
+    def _fence(self) -> None:
+        """Wait for the deferred work (see ``_in_order``)."""
+        if not self._deferred or getattr(self._thread, "watchdog", None) is not None:
+            return
+        with self._waiting("the communication thread to hand this group's rows to the "
+                           "parameter servers"):
+            with self._deferred_done:
+                while self._deferred:
+                    self._deferred_done.wait(0.05)
+
     def _waiting(self, what):
         """Guard a wait on the servers. It also waits for every other client group, so it is
         an outward wait (a longer limit): when a worker of another group is stuck, that
         group's own ranks, who wait on it directly, report it by name first."""
-        return self._watchdog.waiting(
+        return (getattr(self._thread, "watchdog", None) or self._watchdog).waiting(
             what, collective=False, outward=True,
             hint="a parameter server or a worker of another client group is stuck or "
                  "unreachable (the launcher's summary and that group's output name which); if "
@@ -187,6 +240,7 @@ class ServerLink:
             self._ids[key] = self._next_id(key)
         return self._ids[key]
 
+    @_in_order
     def init_rows(self, key: Key, value: NDArray, pieces: int = 1) -> None:
         """Put the table ``value`` (dense, every row) on the servers as ``pieces`` row_sparse
         keys of consecutive row ranges (Parallax's partitions); ps-lite rank 0's table wins.
@@ -216,6 +270,7 @@ class ServerLink:
         for i in range(len(bounds) - 1):
             yield i, int(bounds[i]), slice(int(cuts[i]), int(cuts[i + 1]))
 
+    @_in_order
     def push_rows(self, key: Key, ids: np.ndarray, rows: np.ndarray, shape, dtype) -> None:
         """Push the group's summed gradient rows (sorted unique ``ids``; there may be none)
         to the pieces of the table. In sync mode the servers wait for every master's push
@@ -234,6 +289,7 @@ class ServerLink:
                 self._kv.push(piece_key(index, i), array)  # ps-lite reuses it: a new one each time
                 self.requests += 1
 
+    @_in_order
     def pull_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> np.ndarray:
         """The servers' current rows ``ids`` (sorted, unique, non-empty) of ``key``: only the
         pieces that hold some of them are asked."""
@@ -241,6 +297,7 @@ class ServerLink:
                                    f"{key!r} (scheduler at {scheduler_address()})"):
             return self.start_pull_rows(key, ids, shape, dtype)()
 
+    @_in_order
     def start_pull_rows(self, key: Key, ids: np.ndarray, shape, dtype):
         """Ask for rows as ``pull_rows`` does, without waiting: returns the function that
         waits for them (it may run on another thread; its caller guards the wait). ps-lite
@@ -272,6 +329,7 @@ class ServerLink:
             return np.concatenate(parts) if len(parts) > 1 else parts[0]
         return rows
 
+    @_in_order
     def init(self, key: Key, value: NDArray, out: NDArray) -> None:
         """Register ``key`` on the servers (ps-lite rank 0's value wins); pull it into ``out``."""
         self.check_new(key)
@@ -284,6 +342,7 @@ class ServerLink:
             self._kv.pull(kid, out=out)
             out.wait_to_read()
 
+    @_in_order
     def push_pull(self, key: Key, value: NDArray, out: NDArray) -> None:
         """Push this group's sum; pull the servers' value (the sum of all groups, or the
         weight the servers' optimizer updated) into ``out``. MXNet keeps a pushed CPU array
@@ -302,6 +361,7 @@ class ServerLink:
             self.requests += 2
             out.wait_to_read()
 
+    @_in_order
     def push_pull_views(self, items: List[Tuple[Key, np.ndarray, np.ndarray]],
                         new_packs: bool = True) -> None:
         """``push_pull`` of several dense keys ``(key, flat sum, flat answer)`` given as host
@@ -407,6 +467,7 @@ class ServerLink:
                 return pack_key
         return None
 
+    @_in_order
     def pull_many(self, items: List[Tuple[Key, NDArray]]) -> None:
         """The servers' current values of several keys, into their ``out`` arrays; each
         pack is pulled once."""
@@ -432,10 +493,12 @@ class ServerLink:
             if hit is not None:
                 out[:] = hit[0].region(hit[1]).reshape(out.shape)
 
+    @_in_order
     def pull(self, key: Key, out: NDArray) -> None:
         """The servers' current value of ``key``, into ``out``."""
         self.pull_many([(key, out)])
 
+    @_in_order
     def set_optimizer(self, optimizer, pieces: int = 1) -> bool:
         """Send the optimizer to the servers; False if they run without it.
 
@@ -492,6 +555,7 @@ class ServerLink:
                 clone.wd_mult[kid] = param.wd_mult
         return clone
 
+    @_in_order
     def command(self, action: str, directory: str, token: str, keys=()) -> None:
         """Have every server save or load its optimizer states in ``directory``
         (``server.command``); returns when every server has run it."""
@@ -506,6 +570,7 @@ class ServerLink:
             return [piece_key(index, i) for i in range(len(self._bounds[key]) - 1)]
         return [index]
 
+    @_in_order
     def set_gradient_compression(self, params: Dict[str, object]) -> None:
         """Compress this master's dense pushes with MXNet's own 2bit compressor (ps-lite rank
         0 tells the servers to decode them; the barrier keeps every push after that)."""
@@ -514,6 +579,7 @@ class ServerLink:
             self._kv.set_gradient_compression(params)
             self._kv._barrier()
 
+    @_in_order
     def barrier(self) -> None:
         """Wait for this master's pushes to be answered, then for every master."""
         with self._waiting("the other client groups' masters at a barrier"):
