@@ -49,7 +49,9 @@ class Group:
         self.algorithms = Algorithms(self, settings.allreduce, settings.emulate_node_size)
         self._staging: Dict[Tuple[int, str], mx.nd.NDArray] = {}
         #: bytes this rank has sent, by kind: "dense" and "rows" handed to MPI collectives,
-        #: "servers" pushed to the parameter servers (a master's row_sparse pushes)
+        #: "servers" pushed to the parameter servers (a master's row_sparse pushes; those of a
+        #: prefetching push when its communication thread makes them, before the next pull
+        #: of the rows returns)
         self.bytes_sent: Dict[str, int] = {"dense": 0, "rows": 0, "servers": 0}
         #: fused allreduces run (one per bucket of small keys)
         self.fused_calls = 0

@@ -146,8 +146,7 @@ class ServerLink:
         self._packed: Dict[Key, Tuple[packs.Pack, int]] = {}
         self._wires: Dict[Key, Tuple[NDArray, np.ndarray]] = {}   # unpacked keys' arrays
         self._shapes: Dict[Key, Tuple[tuple, np.dtype]] = {}      # dense keys' shape, dtype
-        #: ps-lite requests sent (pushes and pulls): ps-lite keeps 8 bytes for each
-        self.requests = 0
+        self._requests = 0   # see requests
         #: pieces of work with this link handed to another thread and not yet done
         #: (``defer``); a call on any other thread waits for them first (``_fence``)
         self._deferred = 0
@@ -160,6 +159,13 @@ class ServerLink:
         watchdog, and small keys are packed as its settings say."""
         self._watchdog = watchdog
         self.num_servers, self.pack_keys = num_servers, pack_keys
+
+    @property
+    def requests(self) -> int:
+        """ps-lite requests sent so far (pushes and pulls; ps-lite keeps 8 bytes for each),
+        the deferred work's included: read after it is done, as a call of the link is."""
+        self._fence()
+        return self._requests
 
     def defer(self) -> Callable[[], None]:
         """Count a piece of work another thread will do with this link (inside
@@ -287,7 +293,7 @@ class ServerLink:
                                         dtype)
                 # a push waits for the key's previous round trip: inside the guard
                 self._kv.push(piece_key(index, i), array)  # ps-lite reuses it: a new one each time
-                self.requests += 1
+                self._requests += 1
 
     @_in_order
     def pull_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> np.ndarray:
@@ -314,7 +320,7 @@ class ServerLink:
                 out = empty_row_sparse((n,) + tuple(shape[1:]), dtype)
                 self._kv.row_sparse_pull(piece_key(index, i), out=out,
                                          row_ids=host_array(ids[part] - first, np.int64))
-                self.requests += 1
+                self._requests += 1
                 outs.append((out, part.stop - part.start))
         row_shape = tuple(shape[1:])
         width = math.prod(row_shape)
@@ -358,7 +364,7 @@ class ServerLink:
                                    f"(scheduler at {scheduler_address()})"):
             self._kv.push(kid, value)   # waits for the key's previous round trip
             self._kv.pull(kid, out=out)
-            self.requests += 2
+            self._requests += 2
             out.wait_to_read()
 
     @_in_order
@@ -399,7 +405,7 @@ class ServerLink:
     def _push_pull_array(self, kid: int, array: NDArray) -> NDArray:
         self._kv.push(kid, array)
         self._kv.pull(kid, out=array)
-        self.requests += 2
+        self._requests += 2
         return array
 
     def _wire(self, key: Key) -> Tuple[NDArray, np.ndarray]:
@@ -450,7 +456,7 @@ class ServerLink:
                 for m in pack.members:   # straight into the pack, through a view
                     self._kv.pull(m.kid, out=pack.array[m.start:m.end].reshape(
                         self._shapes[m.key][0]))
-                    self.requests += 1
+                    self._requests += 1
                 pack.array.wait_to_read()
                 self._kv.init(pack.pack_key, pack.array)
             self._kv.set_optimizer(PackCommand({p.pack_key: p.layout() for p in new}))
@@ -480,12 +486,12 @@ class ServerLink:
                 if hit is None:
                     self._kv.pull(self._ids[key], out=out)
                     waits.append(out)
-                    self.requests += 1
+                    self._requests += 1
                 elif hit[0].pack_key not in pulled:
                     pulled[hit[0].pack_key] = hit[0]
                     self._kv.pull(hit[0].pack_key, out=hit[0].array)
                     waits.append(hit[0].array)
-                    self.requests += 1
+                    self._requests += 1
             for array in waits:
                 array.wait_to_read()
         for key, out in items:
