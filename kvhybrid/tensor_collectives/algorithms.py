@@ -148,8 +148,14 @@ class Algorithms:
             from .ops import _mpi_buffer, _mpi_op, wait_patiently
             MPI = group.MPI
             buf, op = _mpi_buffer(MPI, view), _mpi_op(MPI, "sum", view.dtype)
-            if self.patient:
+            if self.patient and view.nbytes < SMALL_BYTES:
                 wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, buf, op=op))
+            elif self.patient:
+                # every rank there first, waited for without spinning; then the blocking
+                # call, whose tuned algorithms the non-blocking one lacks (Open MPI's
+                # libnbc: 4 MB took 4.6 ms against 0.6). Every rank makes the same choice.
+                wait_patiently(group.comm.Ibarrier())
+                group.comm.Allreduce(MPI.IN_PLACE, buf, op=op)
             else:
                 group.comm.Allreduce(MPI.IN_PLACE, buf, op=op)
         elif name == "ring":
