@@ -48,6 +48,8 @@ TIMED = [
     ("kvhybrid.kvstore.overlap", "_gather", "  gradients into buckets"),
     ("kvhybrid.kvstore.overlap", "_sum", "  buckets' allreduce, update and copy back"),
     ("mxnet.optimizer", "Updater.__call__", "    the optimizer (MXNet's Updater)"),
+    ("kvhybrid.kvstore.flat_update", "FlatSGD.update",
+     "    the optimizer (one SGD operator per bucket)"),
     ("kvhybrid.kvstore.overlap", "copy_to_all", "    weights to the outs"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.push", "store: push (rows)"),
     ("kvhybrid.kvstore.sparse", "SparsePath.settle_pulls", "  settle the prefetched pulls' checks"),

@@ -16,8 +16,9 @@ as PyTorch DDP's reducer does. Each step, per bucket:
    whole, in one copy;
 2. one engine operation allreduces the buffer (``EngineComm``): it starts when the
    copies are done and runs on the communication thread while backward goes on;
-3. the optimizer's update (``update_on_kvstore``) or the copy back into the
-   gradients is pushed behind it; the next forward pass waits for it in the engine.
+3. the optimizer's update (``update_on_kvstore``; MXNet's SGD as one operator over the
+   bucket's weights, laid out in one buffer: ``flat_update.py``) or the copy back into
+   the gradients is pushed behind it; the next forward pass waits for it in the engine.
 
 Copies in and out are one ``copyto`` per key, memory copies. One ``concat`` in and one
 ``split`` out would push fewer operations, but their kernels compute each element's place
@@ -42,7 +43,9 @@ from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..errors import KeyValueError
 from ..tensor_collectives.ops import copy_to_all, wait_patiently
+from . import flat_update
 from .agreement import digest
+from .flat_update import FlatSGD
 from .keys import Key, KeySlot
 
 #: the first bucket's bound (PyTorch DDP's ``first_bucket_bytes``)
@@ -200,21 +203,28 @@ def check_signature(comm: EngineComm, signature: str, what: str) -> None:
 class _Weights:
     """The weights a bucket's update reads and writes (the store's, ``slot.value``), and the
     sums it reads: the bucket's views where the weights are, else copies made each step;
-    and where the updated weights go (``outs``: one array per key, all of them, when one
-    engine operation can copy them all, see ``_copy_out``)."""
+    how it updates them (``flat``: one SGD operator over the bucket, else MXNet's
+    Updater); and where the updated weights go (``outs``: one array per key, all of them,
+    when one engine operation can copy them all, see ``_copy_out``)."""
 
-    def __init__(self, bucket: EngineBucket):
-        self.values = [it.slot.value for it in bucket.items]
-        self.grads = [it.total for it in bucket.items] \
-            if all(it.total.context == v.context
-                   for it, v in zip(bucket.items, self.values)) else None
+    def __init__(self, bucket: EngineBucket, updater):
+        slots = [it.slot for it in bucket.items]
+        same_device = all(it.total.context == s.value.context
+                          for it, s in zip(bucket.items, slots))
+        self.updater = updater
+        self.flat = FlatSGD(updater, [it.key for it in bucket.items], slots, bucket.buffer) \
+            if same_device and flat_update.fits(updater, slots, bucket.buffer) else None
+        self.values = [s.value for s in slots]
+        self.grads = [it.total for it in bucket.items] if same_device else None
         dsts = [it.out if it.out is not None else it.value for it in bucket.items]
         self.outs = [d[0] for d in dsts] if _one_copy(self.values, dsts) else None
 
-    def current(self, bucket: EngineBucket) -> bool:
+    def current(self, bucket: EngineBucket, updater) -> bool:
         """Whether every key's weight is still the one seen here (a new init or another
-        call's bucket may have replaced one)."""
-        return all(it.slot.value is v for it, v in zip(bucket.items, self.values))
+        call's bucket may have replaced one), and the update still the one chosen here."""
+        return (updater is self.updater
+                and all(it.slot.value is v for it, v in zip(bucket.items, self.values))
+                and (self.flat is None or self.flat.current()))
 
 
 def run(buckets_: Sequence[EngineBucket], comm: EngineComm, updater, priority: int = 0) -> None:
@@ -264,15 +274,19 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int) -> None
 
 
 def _update(bucket: EngineBucket, updater) -> None:
-    """The bucket's keys in one call: MXNet's Updater then updates up to its optimizer's
-    aggregate_num keys per operator (multi_sgd_update), as gluon.Trainer does; then the
-    weights go to the outputs."""
+    """The bucket's keys in one call: one SGD operator over the bucket where it makes the
+    same update (``flat_update``), else MXNet's Updater, which updates up to its
+    optimizer's aggregate_num keys per operator (multi_sgd_update), as gluon.Trainer does;
+    then the weights go to the outputs."""
     weights = bucket.weights
-    if weights is None or not weights.current(bucket):
-        weights = bucket.weights = _Weights(bucket)
-    grads = weights.grads or [it.total.as_in_context(v.context)
-                              for it, v in zip(bucket.items, weights.values)]
-    updater([it.key for it in bucket.items], grads, weights.values)
+    if weights is None or not weights.current(bucket, updater):
+        weights = bucket.weights = _Weights(bucket, updater)
+    if weights.flat is not None:
+        weights.flat.update()
+    else:
+        grads = weights.grads or [it.total.as_in_context(v.context)
+                                  for it, v in zip(bucket.items, weights.values)]
+        updater([it.key for it in bucket.items], grads, weights.values)
     if weights.outs is not None:
         _copy_out(weights.values, weights.outs)
         return

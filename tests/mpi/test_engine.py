@@ -56,3 +56,5 @@ def test_calls_sharing_a_key_update_its_current_weight(seen):
     # next must update the weight the other moved, not a stale copy
     assert all(s["shared_key_right"] for s in seen), seen
     assert seen[0]["shared_key_steps"] == {"100": 2, "101": 4, "102": 2}, seen
+    # each call's bucket is updated by one SGD operator over its flat weights
+    assert all(s["flat_update_ops"] == 4 for s in seen), seen

@@ -12,8 +12,9 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
 - pushpull_early: a store pushpull after backward returns before the engine has run its
   buckets, and the weights it updates are right once the engine is done;
 - shared_key_right: two pushpull calls that share a key, alternating, with the store's
-  optimizer (each call's bucket moves its keys' weights into one buffer of its own): every
-  step updates the key's current weight, in the outs and in the store.
+  optimizer (each call's bucket moves its keys' weights into one buffer of its own, which
+  one SGD operator updates: flat_update.py): every step updates the key's current weight,
+  in the outs and in the store.
 
 "Still being computed" is made certain, not hoped for: the inputs wait behind a gate (an
 engine operation on a second communication thread that holds them until released), so
@@ -182,11 +183,16 @@ for k, shape in shapes.items():
 grads = {k: mx.nd.ones(shape) * (rank + 1) for k, shape in shapes.items()}
 outs = {k: mx.nd.zeros(shape) for k, shape in shapes.items()}
 steps = {k: 0 for k in shapes}
+ops = []   # the SGD operators the store's optimizer runs (flat_update.py: one per bucket)
+sgd_update = mx.nd.sgd_update
+mx.nd.sgd_update = lambda *args, **kwargs: ops.append(1) or sgd_update(*args, **kwargs)
 for step in range(4):
     keys = [100, 101] if step % 2 == 0 else [101, 102]
     kv.pushpull(keys, [grads[k] for k in keys], out=[outs[k] for k in keys])
     for k in keys:
         steps[k] += 1
+mx.nd.sgd_update = sgd_update
+seen["flat_update_ops"] = len(ops)
 total = size * (size + 1) / 2   # the gradients' sum over ranks
 pulled = {k: mx.nd.zeros(shape) for k, shape in shapes.items()}
 for k in shapes:
