@@ -419,7 +419,7 @@ class SparsePath:
                 check = self._unsettled[0]
                 if wait:
                     self._wait_for_check(check)
-                elif not (check.started.is_set() and check.request.Test()):
+                elif not check.done.is_set():
                     return
                 self._unsettled.popleft()
                 if not check.needs_plain_pull():
@@ -433,12 +433,13 @@ class SparsePath:
             self._settling = False
 
     def _wait_for_check(self, check: rx.PullCheck) -> None:
+        if check.done.is_set():   # (the usual case: made while the step went on)
+            return
         with self.group.watchdog.waiting(
                 lambda: f"the ranks to check their prefetched rows of key {check.key!r}",
                 collective=False):
-            while not check.started.wait(0.05):
-                self.engine.check()   # its thread failed: the check will not start
-            wait_patiently(check.request)
+            while not check.done.wait(0.05):
+                self.engine.check()   # its thread failed: the check will not be made
 
     def prefetch_rows(self, key, row_ids) -> None:
         """Hand over the row ids the next forward pass will pull of ``key`` (see

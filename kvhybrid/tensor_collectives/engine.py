@@ -75,10 +75,11 @@ class _Op:
     __slots__ = ("ident", "name", "arrays", "work", "started", "done", "ready_at", "cleanup")
 
     def __init__(self, ident: int, name: str, arrays: Sequence[NDArray],
-                 work: Callable[[], None], cleanup: Optional[Callable[[], None]] = None):
+                 work: Callable[[], None], cleanup: Optional[Callable[[], None]] = None,
+                 started: Optional[threading.Event] = None):
         self.ident, self.name, self.arrays, self.work = ident, name, list(arrays), work
         self.cleanup = cleanup
-        self.started = threading.Event()
+        self.started = threading.Event() if started is None else started
         self.done: Optional[_OnComplete] = None
         self.ready_at = 0.0
 
@@ -92,6 +93,10 @@ class OpTiming:
     begin: float
     end: float
 
+
+#: the start of every enqueued job (it waits for no engine operation): set once, shared
+_STARTED = threading.Event()
+_STARTED.set()
 
 #: every live EngineComm by id: the engine's callback finds its op through it
 _COMMS: Dict[int, "EngineComm"] = {}
@@ -175,9 +180,8 @@ class EngineComm:
         ``work``."""
         self.check()
         self._count += 1
-        op = _Op(self._count, name, (), work, cleanup)
+        op = _Op(self._count, name, (), work, cleanup, started=_STARTED)
         op.ready_at = time.perf_counter()
-        op.started.set()
         with self._cv:
             self._ops[op.ident] = op
             self._queue.append(op)
