@@ -43,7 +43,6 @@ POINTS = [
     ("kvhybrid.kvstore.store", "HybridMPIStore.pushpull", "pushpull: called", None),
     ("kvhybrid.kvstore.store", "HybridMPIStore.push", "push: called", "push: returned"),
     ("kvhybrid.kvstore.sparse", "SparsePath._wait_for_check", None, "push: checks settled"),
-    ("kvhybrid.kvstore.row_exchange", "gather_in_background", None, "push: gathered"),
     ("mxnet.gluon", "Trainer.step", None, "step: returned"),
 ]
 #: the communication thread's jobs by the start of their names (EngineComm.enqueue, submit)

@@ -27,8 +27,7 @@ from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ndarray_view import host_row_sparse, new_host_row_sparse
-from ..tensor_collectives.rows import (PendingSend, allreduce_rows, by_rank,
-                                       gather_in_background, gather_patiently, local_rows,
+from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows)
 from ..tensor_collectives.ops import wait_patiently
 from .agreement import digest, explain
@@ -91,9 +90,6 @@ class Prefetch:
         #: of exactly ``ids`` copies it into its out, waiting for nothing
         self.array: Optional[NDArray] = None
         self.ready = threading.Event()
-        #: this rank's part of the push's gather, sent in the background (its buffers must
-        #: outlive the send even if the communication thread fails and skips the hand-out)
-        self.sending: Optional[PendingSend] = None
 
 
 @dataclass
@@ -113,17 +109,22 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                       servers: Optional[ServerLink], comm: EngineComm, hand_out_group: Group,
                       call: Tuple[Optional[str], Optional[str]]) -> List[Prefetch]:
     """``push_to_servers`` of one or more keys, their agreement and the pull of the next
-    step's rows in one meeting: every rank's rows and next ids of every key, and its call
-    (``call``: its local error, or its signature), go to the master in one gather. The
-    master's communication thread (``comm``) then compares the calls and, if they match,
-    pushes each key's sum and at once asks the servers for the union of its next ids
-    (ps-lite sends them after the push, so they come back updated), waits for them and
-    hands each rank its own over ``hand_out_group`` (``group``'s ranks on a communicator of
-    that thread), while every caller's thread goes on (the master's next calls to the
-    servers wait for that thread's: ``ServerLink.defer``): one message to each rank carries
-    the verdict and every key's rows. If the calls differ, nothing is pushed: the message
-    carries the verdict only (and room for the rows), and every rank raises it at its next
-    call."""
+    step's rows in one meeting, all of it on the communication thread (``comm``) while every
+    caller's thread goes on: every rank's rows and next ids of every key, and its call
+    (``call``: its local error, or its signature), go to the master in one gather over
+    ``hand_out_group`` (``group``'s ranks on a communicator of that thread). The master
+    then compares the calls and, if they match, pushes each key's sum and at once asks the
+    servers for the union of its next ids (ps-lite sends them after the push, so they come
+    back updated), waits for them and hands each rank its own (the master's next calls to
+    the servers wait for that thread's: ``ServerLink.defer``): one message to each rank
+    carries the verdict and every key's rows. If the calls differ, nothing is pushed: the
+    message carries the verdict only (and room for the rows), and every rank raises it at
+    its next call.
+
+    The rows are read where the gradient lies (``local_rows``): the job is an engine
+    operation that reads the gradients, so the next backward pass cannot write them before
+    the gather has packed them. On the caller's thread the gather cost an NMT master
+    0.2 ms of CPU a step and made it wait there for the slowest rank's backward pass."""
     arrays = []
     for p in pushes:
         if p.arrays is None:
@@ -135,23 +136,14 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     error, signature = call
     agreement = np.array([1 if error else 0, 0 if error else digest(signature)], np.int64)
     keys = ", ".join(repr(p.key) for p in pushes)
-    # the ranks that only send go on at once: the verdict and their rows come back in the
-    # hand-out, which they wait for (the communication thread, then the next pull); that
-    # thread first waits for the send, so that MPI moves it on while the caller computes
-    gathered, sending = gather_in_background(
-        arrays + [agreement], group, root=0,
-        name=f"the push of key(s) {keys} (their rows, the ranks' calls and the next step's "
-             "row ids)")
     prefetches = [Prefetch(p.key, p.next_ids, p.handed) for p in pushes]
-    for prefetch in prefetches:   # (the send's buffers stay alive with them)
-        prefetch.sending = sending
     row_bytes = [p.slot.dtype.itemsize * math.prod(p.slot.shape[1:]) for p in pushes]
 
-    def serve() -> Tuple[bool, list]:
-        """The master's part, on the communication thread: the verdict (whether the calls
-        differ), and each key's sum pushed and its next rows asked for ((union, wanted,
-        fetch) per key). On the caller's thread it took an NMT master 1.1 ms of CPU a step
-        (sums, ps-lite calls, the union of ids)."""
+    def serve(gathered) -> Tuple[bool, list]:
+        """The master's part: the verdict (whether the calls differ), and each key's sum
+        pushed and its next rows asked for ((union, wanted, fetch) per key). On the caller's
+        thread it took an NMT master 1.1 ms of CPU a step (sums, ps-lite calls, the union of
+        ids)."""
         calls = gathered[-1][0].reshape(-1, 2)   # (error flag, digest) per rank
         failed = bool(calls[:, 0].any()) or len(set(calls[:, 1].tolist())) > 1
         fetches = []   # (union, wanted, fetch) per key
@@ -172,13 +164,15 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     done = servers.defer() if servers is not None and group.rank == 0 else None
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
-        if sending is not None:
-            sending.wait(hand_out_group, f"the master to take this rank's rows of key(s) {keys}")
+        gathered = gather_patiently(
+            arrays + [agreement], hand_out_group, root=0,
+            name=f"the push of key(s) {keys} (their rows, the ranks' calls and the next "
+                 "step's row ids)")
         served = None
         if hand_out_group.rank == 0:
             with servers.deferred(hand_out_group.watchdog) if servers is not None \
                     else contextlib.nullcontext():
-                served = serve()
+                served = serve(gathered)
         # the rows' arrays next: their indices' engine round trips are made while the
         # master waits for the servers, not after
         made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]
@@ -200,8 +194,13 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
             prefetch.rows, prefetch.array = values, array
             prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
 
+    reads = [a for p in pushes if p.arrays is not None for a in p.arrays]
+    name = f"the prefetched rows of key(s) {keys}"
     try:
-        comm.enqueue(f"the prefetched rows of key(s) {keys}", hand_out, cleanup=done)
+        if reads:
+            comm.submit(name, [], hand_out, reads=reads, cleanup=done)
+        else:   # (every key failed its local checks here: nothing to read)
+            comm.enqueue(name, hand_out, cleanup=done)
     except BaseException:   # (the thread failed before: nothing was queued)
         if done is not None:
             done()

@@ -152,23 +152,27 @@ class EngineComm:
         self._thread.start()
 
     def submit(self, name: str, arrays: Sequence[NDArray], work: Callable[[], None],
-               priority: int = 0) -> None:
-        """Queue ``work`` as an engine operation that mutates ``arrays`` (NDArrays with
-        distinct memory: the engine would wait on an array listed twice forever)."""
+               priority: int = 0, reads: Sequence[NDArray] = (),
+               cleanup: Optional[Callable[[], None]] = None) -> None:
+        """Queue ``work`` as an engine operation that mutates ``arrays`` and reads ``reads``
+        (NDArrays with distinct memory: the engine would wait on an array listed twice
+        forever): it starts once every operation pushed before on them has written them,
+        and later writes wait for it. ``cleanup``: as ``enqueue``'s."""
         self.check()
         if self._closing:
             raise KVHybridError(f"the communication thread of group {self.group.name} is "
                                 "closed: create a new store")
         self._count += 1
-        op = _Op(self._count, name, arrays, work)
+        op = _Op(self._count, name, list(arrays) + list(reads), work, cleanup)
         with self._cv:
             self._ops[op.ident] = op
             self._queue.append(op)
             self._cv.notify()
-        handles = (ctypes.c_void_p * len(op.arrays))(*[a.handle.value for a in op.arrays])
+        mutated = (ctypes.c_void_p * len(arrays))(*[a.handle.value for a in arrays])
+        read = (ctypes.c_void_p * len(reads))(*[a.handle.value for a in reads])
         check_call(_LIB.MXEnginePushAsyncND(
             _engine_started, ctypes.c_void_p((self.ident << 40) + op.ident), None,
-            ctypes.byref(self._ctx), None, 0, handles, len(op.arrays),
+            ctypes.byref(self._ctx), read, len(reads), mutated, len(arrays),
             ctypes.byref(self._prop), priority, ctypes.c_char_p(b"kvhybrid_" + name.encode()[:64]),
             False))
 

@@ -67,31 +67,6 @@ def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, name: str = "ro
     return all_ids, all_rows
 
 
-class PendingSend:
-    """A rank's part of a gather it did not wait for (``gather_in_background``): MPI moves
-    a large send only while the rank calls MPI, so some thread must ``wait`` for it; it
-    holds the buffers MPI reads until then."""
-
-    def __init__(self, requests: list, buffers: tuple):
-        self.requests, self.buffers = requests, buffers
-
-    def wait(self, group: Group, what: str) -> None:
-        """Wait patiently, under ``group``'s watchdog (not a meeting: the root does not
-        wait here), for the root to take the send (``what`` names the root's part)."""
-        with group.watchdog.waiting(lambda: what, collective=False):
-            wait_all_patiently(self.requests, group.MPI)
-
-
-def gather_in_background(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
-                         name: str = "rows") -> Tuple[Optional[List[Tuple[np.ndarray,
-                                                                          np.ndarray]]],
-                                                      Optional[PendingSend]]:
-    """``gather_patiently`` where the ranks that only send do not wait: (what the root
-    gathered, None) on the root, (None, their ``PendingSend``) elsewhere, for a caller that
-    learns what the root did another way."""
-    return _gather(arrays, group, root, name, background=True)
-
-
 def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
                      name: str = "rows") -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
     """Every rank's ``arrays`` on ``root`` (None elsewhere): for each position, the ranks'
@@ -108,13 +83,7 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     a first 50 us of tests that answer it at once when the others are there: its blocking
     waits spun on the caller's thread for the slowest backward pass (a third of an NMT
     master's gather CPU on 2 cores)."""
-    return _gather(arrays, group, root, name, background=False)[0]
-
-
-def _gather(arrays, group: Group, root: int, name: str, background: bool):
-    """(the root's gathered arrays or None, this rank's PendingSend or None)."""
     comm, is_root = group.comm, group.rank == root
-    pending = None
     counts = np.array([len(a) for a in arrays], dtype=np.int64)
     units = np.array([a.dtype.itemsize * math.prod(a.shape[1:]) for a in arrays], np.int64)
     packed = np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8)
@@ -128,21 +97,18 @@ def _gather(arrays, group: Group, root: int, name: str, background: bool):
             sizes = table @ units   # bytes from each rank
             buf = np.empty(int(sizes.sum()), dtype=np.uint8)
             wait_patiently(comm.Igatherv(packed, [buf, sizes], root=root))
-        elif background:
-            pending = PendingSend([first, comm.Igatherv(packed, None, root=root)],
-                                  (counts, packed))
         else:
             wait_all_patiently([first, comm.Igatherv(packed, None, root=root)], group.MPI)
     group.bytes_sent["rows"] += packed.nbytes
     if not is_root:
-        return None, pending
+        return None
     out, offsets = [], np.concatenate(([0], np.cumsum(sizes)[:-1]))
     for i, a in enumerate(arrays):   # each position's parts, rank after rank
         lengths = table[:, i] * units[i]
         whole = np.concatenate([buf[o:o + n] for o, n in zip(offsets, lengths)])
         out.append((whole.view(a.dtype).reshape((-1,) + a.shape[1:]), table[:, i]))
         offsets = offsets + lengths
-    return out, None
+    return out
 
 
 def by_rank(whole: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:

@@ -131,21 +131,21 @@ def test_prefetched_rows_train_bit_for_bit_like_plain_pulls(prefetch_job, kind):
 
 def test_prefetched_pulls_meet_no_one_and_prefetching_pushes_meet_once(prefetch_job):
     # a sparse weight's pull through the master meets the group 3 times (agreement, ids,
-    # rows); prefetched, the push carries the ids, the rows come on the engine thread, and
-    # the check that every rank got its rows runs there too
+    # rows); prefetched, the push carries the ids, the push's gather and the rows come on
+    # the engine thread, and the check that every rank got its rows runs there too
     ranks, ndev, host_masters, out = prefetch_job
     for rank in range(ranks):
         got = json.load(open(out / f"weight-stats-rank{rank}.json"))["collectives"]
         plain = json.load(open(out / "plain" / f"weight-stats-rank{rank}.json"))["collectives"]
         pulls = (STEPS - 1) * ndev   # every step's pulls but the first step's (per device)
         # each prefetched pull saves all 3 meetings; a plain push meets twice (its
-        # agreement, then one gather of the rows), a prefetched one once (rows, next ids and
-        # the call's agreement in that gather), but the first, which agrees first (it
-        # decides the route), saves nothing; the final whole-table pull asks for rows the
-        # last prefetch did not, so it is served as a plain pull (no more meetings). With
-        # host masters a push still meets twice: a host's master sees only its host's calls,
-        # so the group agrees first
-        saved_by_pushes = 0 if host_masters else STEPS - 1
+        # agreement, then one gather of the rows), a prefetching one not at all (its gather
+        # of the rows, the next ids and the call's agreement runs on the communication
+        # thread), but the first, which agrees first (it decides the route), saves only its
+        # gather; the final whole-table pull asks for rows the last prefetch did not, so it
+        # is served as a plain pull (no more meetings). With host masters every push still
+        # agrees first (a host's master sees only its host's calls) and saves its gather
+        saved_by_pushes = STEPS if host_masters else 2 * (STEPS - 1) + 1
         assert plain["group"] - got["group"] == 3 * pulls + saved_by_pushes, (got, plain)
         # the rows came from the communication thread: its collectives did the work
         assert got["engine"] > plain["engine"], (got, plain)
@@ -269,15 +269,20 @@ def test_two_tables_pushed_in_one_meeting_train_like_one_process(tables_job):
 
 
 def test_distributed_trainer_pushes_both_tables_rows_in_one_meeting(tables_job):
-    # after the first step (which decides the routes and pulls plainly), a step's meetings
-    # on the caller's thread are its pushes of rows: gluon.Trainer pushes the tables one by
-    # one, a meeting each; DistributedTrainer pushes them in one call, one gather
+    # after the first step (which decides the routes and pulls plainly), a step's pushes of
+    # rows meet no one on the caller's thread (each carries its agreement in its gather, on
+    # the communication thread); gluon.Trainer pushes the tables one by one, a gather each,
+    # DistributedTrainer both in one call, one gather
     for rank in range(4):
-        for name, want in (("fused", 1), ("gluon", 2)):
+        steps = {}
+        for name in ("fused", "gluon"):
             seen = json.load(open(tables_job / name / f"tables-stats-rank{rank}.json"))
             after = seen["meetings_after_step"]
-            assert [b - a for a, b in zip(after, after[1:])] == [want] * (STEPS - 1), \
+            assert [b - a for a, b in zip(after, after[1:])] == [0] * (STEPS - 1), \
                 (name, rank, after)
+            gathers = seen["gathers_after_step"]
+            steps[name] = [b - a for a, b in zip(gathers, gathers[1:])]
+        assert steps == {"fused": [1] * (STEPS - 1), "gluon": [2] * (STEPS - 1)}, (rank, steps)
 
 
 @pytest.fixture(scope="module")
@@ -300,16 +305,21 @@ def host_tables_job(tmp_path_factory):
 def test_host_masters_push_both_tables_rows_in_one_gather_and_train_like_one_process(
         host_tables_job):
     # a host's master sees only its host's calls, so the group agrees on the push first; then
-    # both tables' rows and next ids go to the host's master in one gather (gluon.Trainer's
-    # push per table: an agreement and a gather each)
+    # both tables' rows and next ids go to the host's master in one gather, on the
+    # communication thread (gluon.Trainer's push per table: an agreement and a gather each)
     assert_matches_single_process(host_tables_job / "fused", "tables", 4, 1)
     for rank in range(4):
         got = np.load(host_tables_job / "fused" / f"tables-rank{rank}.npz")
         want = np.load(host_tables_job / "gluon" / f"tables-rank{rank}.npz")
         for name in want.files:
             assert np.array_equal(got[name], want[name]), f"rank {rank} {name}"
-        for name, meetings in (("fused", 2), ("gluon", 4)):
+        steps = {}
+        for name, meetings in (("fused", 1), ("gluon", 2)):   # (the callers' agreements)
             seen = json.load(open(host_tables_job / name / f"tables-stats-rank{rank}.json"))
             after = seen["meetings_after_step"]
             assert [b - a for a, b in zip(after, after[1:])] == [meetings] * (STEPS - 1), \
                 (name, rank, after)
+            gathers = seen["gathers_after_step"]
+            steps[name] = [b - a for a, b in zip(gathers, gathers[1:])]
+        # the gathers of rows, on the communication thread: one a step for both tables
+        assert steps == {"fused": [1] * (STEPS - 1), "gluon": [2] * (STEPS - 1)}, (rank, steps)
