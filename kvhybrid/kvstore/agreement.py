@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import KeyValueError
 from ..tensor_collectives.group import Group
-from ..tensor_collectives.ops import wait_patiently
+from ..tensor_collectives.ops import allreduce_patiently
 
 _MASK = (1 << 62) - 1
 
@@ -52,10 +52,10 @@ def agree(group: Group, what: str, signature, local_error: Optional[str], about:
     MPI = group.MPI
     sig = digest(signature) if local_error is None else 0
     flags = np.array([sig, -sig, 1 if local_error else 0], dtype=np.int64)
-    with group.watchdog.waiting(lambda: f"the ranks to agree on {what}{about}"):
-        if patient:
-            wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
-        else:
+    if patient:
+        allreduce_patiently(flags, "max", group, lambda: f"the ranks to agree on {what}{about}")
+    else:
+        with group.watchdog.waiting(lambda: f"the ranks to agree on {what}{about}"):
             group.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
     if flags[0] == -flags[1] and flags[2] == 0:
         return

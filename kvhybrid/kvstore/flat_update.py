@@ -46,7 +46,7 @@ class FlatSGD:
 
     def __init__(self, updater, keys: List[Key], slots: List[KeySlot], grads: NDArray):
         self.updater, self.opt = updater, updater.optimizer
-        self.keys, self.slots = keys, slots
+        self.keys = keys
         count = sum(s.count for s in slots)
         self.grads = grads.reshape((count,))
         self.momentum = self.opt.momentum > 0
@@ -58,13 +58,11 @@ class FlatSGD:
             self.bounds.append(self.bounds[-1] + s.count)
         self._slices: Dict[Tuple[int, int], Tuple[NDArray, NDArray, Optional[NDArray]]] = {}
         self.states: List[Optional[NDArray]] = []
-        self.values: List[NDArray] = []
         for n, (key, slot) in enumerate(zip(keys, slots)):
             a, b = self.bounds[n], self.bounds[n + 1]
             view = self.weights[a:b].reshape(slot.shape)
             slot.value.copyto(view)
-            slot.value = view
-            self.values.append(view)
+            slot.value = view   # (the bucket checks each step that it still is: overlap.py)
             state = None
             if self.momentum:
                 state = self.moms[a:b].reshape(slot.shape)
@@ -76,12 +74,11 @@ class FlatSGD:
             self.states.append(state)
 
     def current(self) -> bool:
-        """Whether the layout still holds: the same optimizer and momentum setting, every
-        key's weight and state the views made here (``init`` or ``load_optimizer_states``
-        replaces them)."""
+        """Whether the states still hold: the same optimizer and momentum setting, every
+        key's state the view made here (``load_optimizer_states`` replaces them). The
+        weights' views are the bucket's to check (``overlap._Weights.current``)."""
         states = self.updater.states
         return (self.updater.optimizer is self.opt and (self.opt.momentum > 0) == self.momentum
-                and all(s.value is v for s, v in zip(self.slots, self.values))
                 and all(states.get(k) is st for k, st in zip(self.keys, self.states)))
 
     def update(self) -> None:

@@ -42,7 +42,7 @@ from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..errors import KeyValueError
-from ..tensor_collectives.ops import copy_to_all, wait_patiently
+from ..tensor_collectives.ops import allreduce_patiently, copy_to_all
 from . import flat_update
 from .agreement import digest
 from .flat_update import FlatSGD
@@ -188,10 +188,8 @@ def check_signature(comm: EngineComm, signature: str, what: str) -> None:
     group, sig = comm.group, digest(signature)
 
     def check() -> None:
-        MPI = group.MPI
         flags = np.array([sig, -sig], dtype=np.int64)
-        with group.watchdog.waiting(lambda: f"the ranks to agree on {what}"):
-            wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, flags, op=MPI.MAX))
+        allreduce_patiently(flags, "max", group, lambda: f"the ranks to agree on {what}")
         if flags[0] != -flags[1]:
             raise KeyValueError(f"{what} differs between ranks (this rank called {signature}). "
                                 "Every rank must make the same calls, in the same order, with "
@@ -213,7 +211,7 @@ class _Weights:
                           for it, s in zip(bucket.items, slots))
         self.updater = updater
         self.flat = FlatSGD(updater, [it.key for it in bucket.items], slots, bucket.buffer) \
-            if same_device and flat_update.fits(updater, slots, bucket.buffer) else None
+            if flat_update.fits(updater, slots, bucket.buffer) else None
         self.values = [s.value for s in slots]
         self.grads = [it.total for it in bucket.items] if same_device else None
         dsts = [it.out if it.out is not None else it.value for it in bucket.items]

@@ -29,7 +29,7 @@ from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ndarray_view import host_row_sparse, new_host_row_sparse
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows)
-from ..tensor_collectives.ops import wait_patiently
+from ..tensor_collectives.ops import allreduce_patiently
 from .agreement import digest, explain
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
@@ -259,10 +259,9 @@ class PullCheck:
         group = comm.group
 
         def check() -> None:
-            request = group.comm.Iallreduce(group.MPI.IN_PLACE, self.flags, op=group.MPI.MAX)
-            with group.watchdog.waiting(lambda: "the ranks to check their prefetched rows of "
-                                                f"key {self.key!r}"):
-                wait_patiently(request)
+            allreduce_patiently(self.flags, "max", group,
+                                lambda: f"the ranks to check their prefetched rows of key "
+                                        f"{self.key!r}")
             self.done.set()
 
         comm.enqueue(f"the check of the prefetched rows of key {self.key!r}", check)

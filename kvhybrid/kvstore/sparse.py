@@ -42,7 +42,7 @@ from ..config import StoreConfig
 from ..errors import KeyValueError
 from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.ops import wait_patiently
+from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.rows import local_ids
 from . import routing
 from . import row_exchange as rx
@@ -274,10 +274,9 @@ class SparsePath:
                                     "several client groups: set KVHYBRID_ROUTES to change it)")
         else:
             alphas = np.array([slot.alpha], dtype=np.float64)
-            MPI = self.group.MPI
-            with self.group.watchdog.waiting(f"the ranks to measure α of key {key!r}"):
-                # a buffer allreduce: mpi4py's pickled one holds the GIL while it waits
-                wait_patiently(self.group.comm.Iallreduce(MPI.IN_PLACE, alphas, op=MPI.SUM))
+            # a buffer allreduce: mpi4py's pickled one holds the GIL while it waits
+            allreduce_patiently(alphas, "sum", self.group,
+                                f"the ranks to measure α of key {key!r}")
             alpha = float(alphas[0]) / self.group.size
             decision = routing.decide(alpha, slot.count * slot.dtype.itemsize, self.group.size,
                                       servers=default == "servers",

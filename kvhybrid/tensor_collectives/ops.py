@@ -166,6 +166,16 @@ def wait_patiently(request) -> None:
     _sleep_until(request.Test)
 
 
+def allreduce_patiently(view: np.ndarray, op: str, group: Group, what) -> None:
+    """A small allreduce of ``view`` in place (flags, a verdict, a measure), waited for
+    without spinning (``wait_patiently``) under ``group``'s watchdog, ``what`` naming it:
+    the store's checks that every rank made the same call."""
+    MPI = group.MPI
+    with group.watchdog.waiting(what):
+        wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, view,
+                                             op=_mpi_op(MPI, op, view.dtype)))
+
+
 def wait_all_patiently(requests, MPI) -> None:
     """``wait_patiently`` for several requests at once."""
     _sleep_until(lambda: MPI.Request.Testall(requests))
