@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import mxnet as mx
+from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError
 from ..tensor_collectives import Group
@@ -45,11 +46,13 @@ def call_key(key):
 
 
 def _handles(arrays):
-    """The NDArray handles of a value/out argument (nested lists), for call memos."""
-    if isinstance(arrays, mx.nd.NDArray):
-        return arrays.handle.value
+    """Which arrays a value/out argument (nested lists) names, for call memos: their ids
+    (a memo holds the arrays of the calls it remembers, so no other object takes one of
+    those ids meanwhile; the same NDArray object is the same array)."""
+    if isinstance(arrays, NDArray):
+        return id(arrays)
     if isinstance(arrays, (list, tuple)):
-        return tuple(_handles(a) for a in arrays)
+        return tuple([id(a) if isinstance(a, NDArray) else _handles(a) for a in arrays])
     return type(arrays).__name__
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
 
+from ..tensor_collectives.operators import Operator
 from .keys import Key, KeySlot
 
 
@@ -56,7 +57,7 @@ class FlatSGD:
         self.bounds: List[int] = [0]
         for s in slots:
             self.bounds.append(self.bounds[-1] + s.count)
-        self._slices: Dict[Tuple[int, int], Tuple[NDArray, NDArray, Optional[NDArray]]] = {}
+        self._operators: Dict[Tuple[int, int, tuple], Operator] = {}
         self.states: List[Optional[NDArray]] = []
         for n, (key, slot) in enumerate(zip(keys, slots)):
             a, b = self.bounds[n], self.bounds[n + 1]
@@ -86,27 +87,28 @@ class FlatSGD:
         opt = self.opt
         opt._update_count(self.keys)
         lrs, wds = opt._get_lrs(self.keys), opt._get_wds(self.keys)
-        kwargs = {"rescale_grad": opt.rescale_grad}
+        params = {"rescale_grad": opt.rescale_grad}
         if self.momentum:
-            kwargs["momentum"] = opt.momentum
+            params["momentum"] = opt.momentum
         if opt.clip_gradient:
-            kwargs["clip_gradient"] = opt.clip_gradient
+            params["clip_gradient"] = opt.clip_gradient
         start = 0
         for n in range(1, len(self.keys) + 1):   # runs of keys with one lr and wd
             if n < len(self.keys) and lrs[n] == lrs[start] and wds[n] == wds[start]:
                 continue
-            w, g, m = self._slice(self.bounds[start], self.bounds[n])
-            if m is not None:
-                mx.nd.sgd_mom_update(w, g, m, out=w, lr=lrs[start], wd=wds[start], **kwargs)
-            else:
-                mx.nd.sgd_update(w, g, out=w, lr=lrs[start], wd=wds[start], **kwargs)
+            self._operator(self.bounds[start], self.bounds[n], tuple(params))(
+                lr=lrs[start], wd=wds[start], **params)
             start = n
 
-    def _slice(self, a: int, b: int) -> Tuple[NDArray, NDArray, Optional[NDArray]]:
-        got = self._slices.get((a, b))
+    def _operator(self, a: int, b: int, names: tuple) -> Operator:
+        """The update of elements [a, b), its arrays laid out once (``Operator``)."""
+        got = self._operators.get((a, b, names))
         if got is None:
             whole = a == 0 and b == self.bounds[-1]
-            got = self._slices[(a, b)] = tuple(
-                None if x is None else (x if whole else x[a:b])
-                for x in (self.weights, self.grads, self.moms))
+            w, g, m = (None if x is None else (x if whole else x[a:b])
+                       for x in (self.weights, self.grads, self.moms))
+            start = dict.fromkeys(("lr", "wd") + names, 0.0)
+            got = self._operators[(a, b, names)] = (
+                Operator("sgd_mom_update", [w, g, m], [w], **start) if m is not None
+                else Operator("sgd_update", [w, g], [w], **start))
         return got

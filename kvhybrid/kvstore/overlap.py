@@ -41,6 +41,7 @@ from mxnet.ndarray import NDArray
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
+from ..tensor_collectives.operators import Operator
 from ..errors import KeyValueError
 from ..tensor_collectives.ops import allreduce_patiently, copy_to_all
 from . import flat_update
@@ -70,6 +71,7 @@ class EngineBucket:
         #: the shared gradient buffer the items lie in, in order, where the bucket must copy
         #: them (outs given: with update_on_kvstore): one copy instead of one per key
         self.source = source
+        self.copy_in = Operator("_copyto", [source], [buffer]) if source is not None else None
         self.dtype = items[0].slot.dtype
         self.count = sum(it.slot.count for it in items)
         self.weights: Optional[_Weights] = None   # with an optimizer: see _update
@@ -216,6 +218,7 @@ class _Weights:
         self.grads = [it.total for it in bucket.items] if same_device else None
         dsts = [it.out if it.out is not None else it.value for it in bucket.items]
         self.outs = [d[0] for d in dsts] if _one_copy(self.values, dsts) else None
+        self.copy_out = _copy_out(self.values, self.outs) if self.outs is not None else None
 
     def current(self, bucket: EngineBucket, updater) -> bool:
         """Whether every key's weight is still the one seen here (a new init or another
@@ -237,8 +240,8 @@ def run(buckets_: Sequence[EngineBucket], comm: EngineComm, updater, priority: i
 
 
 def _gather(bucket: EngineBucket) -> None:
-    if bucket.source is not None:
-        bucket.source.copyto(bucket.buffer)
+    if bucket.copy_in is not None:
+        bucket.copy_in()   # (bucket.source.copyto(bucket.buffer))
         return
     for it in bucket.items:   # the sum over this worker's devices, into the bucket
         arrays = it.value
@@ -285,8 +288,8 @@ def _update(bucket: EngineBucket, updater) -> None:
         grads = weights.grads or [it.total.as_in_context(v.context)
                                   for it, v in zip(bucket.items, weights.values)]
         updater([it.key for it in bucket.items], grads, weights.values)
-    if weights.outs is not None:
-        _copy_out(weights.values, weights.outs)
+    if weights.copy_out is not None:
+        weights.copy_out()
         return
     for it in bucket.items:
         copy_to_all(it.slot.value, it.out if it.out is not None else it.value)
@@ -309,8 +312,8 @@ def _one_copy(values: List[NDArray], dsts: List[List[NDArray]]) -> bool:
             and len({a.handle.value for a in arrays}) == len(arrays))
 
 
-def _copy_out(values: List[NDArray], outs: List[NDArray]) -> None:
+def _copy_out(values: List[NDArray], outs: List[NDArray]) -> Operator:
     """Every weight into its out in one engine operation: ``amp_multicast`` of one dtype is
     a copy of each input into its output. One ``copyto`` per key cost the caller's thread
-    47 us for an NMT's 6 keys, this 14."""
-    mx.nd.amp_multicast(*values, num_outputs=len(values), out=outs)
+    47 us for an NMT's 6 keys, this 14 (and its arrays laid out once, less)."""
+    return Operator("amp_multicast", values, outs, num_outputs=len(values))

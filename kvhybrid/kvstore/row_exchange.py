@@ -30,6 +30,7 @@ from ..tensor_collectives.ndarray_view import host_row_sparse, new_host_row_spar
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows)
 from ..tensor_collectives.ops import allreduce_patiently
+from ..tensor_collectives.operators import copy
 from .agreement import digest, explain
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
@@ -278,7 +279,7 @@ def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.nda
     the prefetch must hold: ``prefetch_holds``)."""
     for o, i in zip(outs, ids):
         if prefetch.array is not None and _same_ids(i, prefetch.ids):
-            prefetch.array.copyto(o)   # (the engine copies it; nothing writes it again)
+            copy(prefetch.array, o)   # (the engine copies it; nothing writes it again)
             continue
         part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
         host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
