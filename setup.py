@@ -1,5 +1,36 @@
 """kvhybrid: a hybrid MPI + parameter-server KVStore for MXNet."""
-from setuptools import find_packages, setup
+import logging
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+
+class BuildAgainstMXNet(build_ext):
+    """Compiles the C++ helper (kvhybrid/tensor_collectives/ndarray_aux.cc) against the
+    installed MXNet's headers, as Horovod builds its MXNet operators: install with
+    ``pip install --no-build-isolation`` so MXNet is importable here. Without MXNet's
+    headers or a C++ compiler kvhybrid works without the helper, a little slower
+    (ndarray_view.py says which it uses)."""
+
+    def build_extensions(self):
+        try:
+            import mxnet
+            include = mxnet.libinfo.find_include_path()
+            mkldnn = mxnet.runtime.Features().is_enabled("MKLDNN")
+        except Exception as exc:   # (an isolated build, or a broken MXNet)
+            logging.warning("kvhybrid: not building its C++ helper (MXNet not importable: "
+                            "%s); install with pip --no-build-isolation to build it", exc)
+            return
+        for ext in self.extensions:
+            ext.include_dirs += [include, f"{include}/mkldnn"]
+            # the NDArray's layout depends on MKLDNN; the rest turns off what the headers
+            # would otherwise want (CUDA, BLAS headers) and matches the wheel's C++ ABI
+            ext.define_macros += [("MXNET_USE_MKLDNN", "1" if mkldnn else "0"),
+                                  ("MSHADOW_USE_CUDA", "0"), ("MSHADOW_USE_MKL", "0"),
+                                  ("MSHADOW_USE_CBLAS", "0"), ("MSHADOW_USE_SSE", "0"),
+                                  ("MSHADOW_USE_F16C", "0"), ("_GLIBCXX_USE_CXX11_ABI", "0")]
+        super().build_extensions()
+
 
 setup(
     name="kvhybrid",
@@ -11,6 +42,11 @@ setup(
     packages=find_packages(include=["kvhybrid", "kvhybrid.*"]) + ["kvhybrid.launch"],
     package_dir={"kvhybrid.launch": "launch"},
     package_data={"kvhybrid.launch": ["*.conf", "*.sh"]},
+    # loaded with ctypes, not imported: a plain shared library with a module's file name
+    ext_modules=[Extension("kvhybrid.tensor_collectives._ndarray_aux",
+                           ["kvhybrid/tensor_collectives/ndarray_aux.cc"], language="c++",
+                           extra_compile_args=["-O2", "-std=c++17"], optional=True)],
+    cmdclass={"build_ext": BuildAgainstMXNet},
     # scipy: the partition tuner's least-squares fit (kvhybrid-launch --tune-partitions)
     install_requires=["mxnet==1.9.1", "numpy==1.23.5", "mpi4py>=4,<5", "scipy>=1.9"],
     extras_require={

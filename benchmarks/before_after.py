@@ -31,9 +31,14 @@ log = logging.getLogger("benchmarks")
 
 
 def _worktree(base: str, where: Path, name: str = "base") -> Path:
+    """A checkout of ``base``, with the C++ helper built in it where it has one (as
+    scripts/setup.sh builds it in this tree), so both trees run as installed."""
     tree = where / name
     subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", str(tree), base],
                    check=True, capture_output=True, text=True)
+    if "ext_modules" in (tree / "setup.py").read_text():
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                       cwd=str(tree), check=True, capture_output=True, text=True)
     return tree
 
 

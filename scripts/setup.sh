@@ -44,8 +44,11 @@ if ! "$PY" -c 'import horovod.mxnet' >/dev/null 2>&1; then
       horovod==0.28.1
 fi
 
-if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "$VENV/bin/kvhybrid-launch" ]; then
-  log "installing kvhybrid (editable)"
+# the C++ helper (kvhybrid/tensor_collectives/ndarray_aux.cc), built in place against MXNet
+helper=$(ls kvhybrid/tensor_collectives/_ndarray_aux*.so 2>/dev/null | head -n 1)
+if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "$VENV/bin/kvhybrid-launch" ] \
+    || [ -z "$helper" ] || [ kvhybrid/tensor_collectives/ndarray_aux.cc -nt "$helper" ]; then
+  log "installing kvhybrid (editable, its C++ helper built against MXNet)"
   "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>/dev/null
 fi
 log "ready: $VENV ($("$PY" -c 'import mxnet, mpi4py, horovod; print("mxnet", mxnet.__version__, "mpi4py", mpi4py.__version__, "horovod", horovod.__version__)' 2>/dev/null))"

@@ -26,7 +26,8 @@ from mxnet.ndarray import NDArray
 from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.ndarray_view import host_row_sparse, new_host_row_sparse
+from ..tensor_collectives.ndarray_view import (host_row_sparse, new_host_row_sparse,
+                                                    row_sparse_ids)
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows)
 from ..tensor_collectives.ops import allreduce_patiently
@@ -83,7 +84,8 @@ class Prefetch:
     by the communication thread, read by the caller's thread once ``ready`` is set."""
 
     def __init__(self, key: Key, ids: np.ndarray, handed: Optional[np.ndarray] = None):
-        self.key, self.ids = key, ids          # this rank's sorted unique ids
+        #: this rank's sorted unique ids (None until the hand-out worked them out)
+        self.key, self.ids = key, ids
         #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was
         self.handed = handed
         self.rows: Optional[np.ndarray] = None
@@ -96,13 +98,14 @@ class Prefetch:
 @dataclass
 class PushOfRows:
     """One key of a ``push_and_prefetch``: its gradient's arrays (None after a local error)
-    and their row ids, and the ids the next step will pull (sorted unique; and as handed to
-    ``prefetch_rows``, when they came in one array)."""
+    and their row ids (None: read in place by the hand-out, which also counts them for α),
+    and the ids the next step will pull (sorted unique, None where the hand-out works them
+    out; and as handed to ``prefetch_rows``, when they came in one array)."""
     key: Key
     slot: KeySlot
     arrays: Optional[Sequence[NDArray]]
     ids: Optional[np.ndarray]
-    next_ids: np.ndarray
+    next_ids: Optional[np.ndarray]
     handed: Optional[np.ndarray] = None
 
 
@@ -126,14 +129,6 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     operation that reads the gradients, so the next backward pass cannot write them before
     the gather has packed them. On the caller's thread the gather cost an NMT master
     0.2 ms of CPU a step and made it wait there for the slowest rank's backward pass."""
-    arrays = []
-    for p in pushes:
-        if p.arrays is None:
-            ids = np.zeros(0, np.int64)
-            rows = np.zeros((0,) + tuple(p.slot.shape[1:]), p.slot.dtype)
-        else:
-            ids, rows = local_rows(p.arrays, p.ids)
-        arrays += [ids, rows, p.next_ids]
     error, signature = call
     agreement = np.array([1 if error else 0, 0 if error else digest(signature)], np.int64)
     keys = ", ".join(repr(p.key) for p in pushes)
@@ -165,6 +160,10 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     done = servers.defer() if servers is not None and group.rank == 0 else None
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
+        arrays = []
+        for p, prefetch in zip(pushes, prefetches):
+            arrays += [*_rows_of(p), p.next_ids]
+            prefetch.ids = p.next_ids
         gathered = gather_patiently(
             arrays + [agreement], hand_out_group, root=0,
             name=f"the push of key(s) {keys} (their rows, the ranks' calls and the next "
@@ -207,6 +206,22 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
             done()
         raise
     return prefetches
+
+
+def _rows_of(p: PushOfRows) -> Tuple[np.ndarray, np.ndarray]:
+    """``push_and_prefetch``'s hand-out: (ids, rows) of this rank's gradient of one key (none
+    after a local error), and its next ids sorted, where the caller left them to it. Runs in
+    the engine operation that reads the gradient: it is written, and its ids are read in
+    place (waiting for it here would wait behind the next backward pass, which waits for
+    this operation)."""
+    if p.next_ids is None:
+        p.next_ids = np.unique(p.handed)
+    if p.arrays is None:
+        return np.zeros(0, np.int64), np.zeros((0,) + tuple(p.slot.shape[1:]), p.slot.dtype)
+    if p.ids is None:
+        p.ids = row_sparse_ids(p.arrays[0], wait=False)
+        count_rows(p.slot, p.ids, 1)
+    return local_rows(p.arrays, p.ids)
 
 
 def _hand_out_packed(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int],

@@ -42,6 +42,7 @@ from ..config import StoreConfig
 from ..errors import KeyValueError
 from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
+from ..tensor_collectives.ndarray_view import reads_row_ids_in_place
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.rows import local_ids
 from . import routing
@@ -65,7 +66,8 @@ class SparsePath:
         self.dense, self.calls, self.engine = dense, calls, engine
         #: Gluon's key index -> Parameter name (set_optimizer), for KVHYBRID_ROUTES and stats
         self.param_names: Dict[Key, str] = {}
-        #: asked for, sent with the next push: (sorted unique ids, the ids as handed over)
+        #: asked for, sent with the next push: (sorted unique ids, or None where the communication
+    #: thread works them out; the ids as handed over, if in one array)
         self._prefetch_ids: Dict[Key, Tuple[np.ndarray, Optional[np.ndarray]]] = {}
         self._prefetched: Dict[Key, rx.Prefetch] = {}        # on their way, for the next pull
         self._unsettled: Deque[rx.PullCheck] = collections.deque()   # see settle_pulls
@@ -166,7 +168,8 @@ class SparsePath:
         try:
             work, signature = signed()
             call = (None, str(signature))
-            pushes = [self._read_rows(k, self.slots[k], arrays) for k, arrays, _ in work]
+            pushes = [self._read_rows(k, self.slots[k], arrays, prefetching=True)
+                      for k, arrays, _ in work]
         except KeyValueError as exc:
             call = (str(exc), None)
             pushes = [rx.PushOfRows(k, self.slots[k], None, None, None) for k in keys]
@@ -190,7 +193,7 @@ class SparsePath:
         masters (a NMT's two tables: one meeting of the host less a step). Which keys qualify
         is part of the call the ranks agreed on (a key's signature says whether it
         prefetches), so every rank takes the same ones. Returns the keys pushed."""
-        pushes = [self._read_rows(k, slot, arrays) for k, slot, arrays in items
+        pushes = [self._read_rows(k, slot, arrays, prefetching=True) for k, slot, arrays in items
                   if slot.route == "servers" and slot.rows_on_servers
                   and k in self._prefetch_ids]
         if pushes:
@@ -199,9 +202,14 @@ class SparsePath:
             self.mode.after_update(p.key, p.slot)
         return {p.key for p in pushes}
 
-    def _read_rows(self, key: Key, slot: KeySlot, arrays) -> rx.PushOfRows:
+    def _read_rows(self, key: Key, slot: KeySlot, arrays,
+                   prefetching: bool = False) -> rx.PushOfRows:
         """This rank's push of ``key``: its gradient's row ids, read once (for α and for the
-        push)."""
+        push). ``prefetching``: a push that prefetches, whose hand-out reads the ids of one
+        host array in place, once backward wrote them, so that the caller's thread waits
+        for nothing (``rx.push_and_prefetch``)."""
+        if prefetching and len(arrays) == 1 and reads_row_ids_in_place(arrays[0]):
+            return rx.PushOfRows(key, slot, arrays, None, None)
         ids = local_ids(arrays)
         rx.count_rows(slot, ids, len(arrays))
         return rx.PushOfRows(key, slot, arrays, ids, None)
@@ -225,7 +233,8 @@ class SparsePath:
 
     def _push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
         self._prefetched.pop(key, None)   # this push updates the rows it holds
-        push = self._read_rows(key, slot, arrays)
+        push = self._read_rows(key, slot, arrays, prefetching=slot.route == "servers" and
+                               slot.rows_on_servers and key in self._prefetch_ids)
         ids = push.ids
         if slot.route is None:
             slot.route = self._choose_route(key, slot)
@@ -329,10 +338,10 @@ class SparsePath:
 
         # a pull of the ids prefetch_rows was handed, in their order, skips their sort
         prefetch = self._prefetched.get(key) if is_key(key) else None
-        known = (prefetch.handed, prefetch.ids) \
-            if prefetch is not None and prefetch.handed is not None else None
 
-        def build():
+        def build():   # (a prefetch's ids are known once its rows came: built after that)
+            known = (prefetch.handed, prefetch.ids) if prefetch is not None \
+                and prefetch.handed is not None and prefetch.ids is not None else None
             if out is None or row_ids is None:
                 raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
                                     "arrays) and row_ids= (the rows to fetch)")
@@ -452,14 +461,16 @@ class SparsePath:
         for ids in arrays:
             if isinstance(ids, mx.nd.NDArray):
                 ids = ids.asnumpy()
-            parts.append(np.asarray(ids).astype(np.int64).reshape(-1))
-        unique = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-        if len(unique) and (unique[0] < 0 or unique[-1] >= slot.shape[0]):
-            bad = unique[0] if unique[0] < 0 else unique[-1]
-            raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, outside "
-                                f"the table's {slot.shape[0]} rows: pass ids in "
-                                f"[0, {slot.shape[0]})")
-        self._prefetch_ids[key] = (unique, parts[0] if len(parts) == 1 else None)
+            parts.append(np.array(ids, dtype=np.int64).reshape(-1))   # (a copy: theirs)
+        for ids in parts:
+            if len(ids) and (ids.min() < 0 or ids.max() >= slot.shape[0]):
+                bad = ids.min() if ids.min() < 0 else ids.max()
+                raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, "
+                                    f"outside the table's {slot.shape[0]} rows: pass ids in "
+                                    f"[0, {slot.shape[0]})")
+        # one array's sorted unique ids are worked out by the communication thread
+        self._prefetch_ids[key] = (None, parts[0]) if len(parts) == 1 else \
+            (np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64), None)
 
     def _wait_for_prefetch(self, prefetch: rx.Prefetch) -> None:
         if prefetch.ready.is_set():   # (the usual case: the rows came during the step)
@@ -478,7 +489,10 @@ class SparsePath:
     # -- what it saw ---------------------------------------------------------------------------
     def key_stats(self) -> Dict[Key, Dict[str, object]]:
         """Per row_sparse key pushed so far: rows, pushes, α as this rank saw it (rows
-        touched ÷ rows, averaged over its pushes), and the route its gradients take."""
+        touched ÷ rows, averaged over its pushes), and the route its gradients take. A
+        prefetching push counts its rows in its hand-out: those on their way are waited for."""
+        for prefetch in list(self._prefetched.values()):
+            self._wait_for_prefetch(prefetch)
         return {k: {"name": self.param_names.get(k, str(k)), "rows": s.shape[0],
                     "pushes": s.alpha_steps, "alpha": s.alpha, "route": s.route}
                 for k, s in self.slots.items() if s.alpha_steps}

@@ -11,11 +11,19 @@ through a view too: no one else can be using them yet, so they skip the round
 trips through the engine that ``mx.nd.array`` and ``row_sparse_array`` wait for
 (each a wake-up of an engine thread: about 1 ms on a host with more busy
 threads than cores).
+
+A row_sparse array's row ids are read in place too (``row_sparse_ids``), through the C++
+helper ``ndarray_aux.cc`` that setup.py builds against MXNet's headers: MXNet's ``indices``
+is a new array filled by an engine operation, a round trip a push of rows paid for each
+gradient.
 """
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import logging
 import math
+import os
 from typing import Optional, Tuple
 
 import numpy as np
@@ -23,6 +31,8 @@ import mxnet as mx
 from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
+
+log = logging.getLogger("kvhybrid")
 
 HOST_DEVICE_TYPES = frozenset({"cpu", "cpu_pinned", "cpu_shared"})
 
@@ -127,3 +137,72 @@ class ViewCache:
 
     def clear(self) -> None:
         self._views.clear()
+
+
+# -- row ids in place (the C++ helper) --------------------------------------------------------
+_NATIVE: list = []   # [the helper's function, or None], once looked for
+
+
+def _native_row_ids():
+    """The helper's ``kvhybrid_row_sparse_ids``, or None where it was not built, is turned
+    off (``KVHYBRID_CPP_HELPER=0``) or does not read MXNet's arrays right (an MXNet other
+    than the one it was built against): it must return the very ids MXNet's ``indices``
+    does on an array made here."""
+    if _NATIVE:
+        return _NATIVE[0]
+    function = None
+    spec = importlib.util.find_spec("kvhybrid.tensor_collectives._ndarray_aux")
+    if os.environ.get("KVHYBRID_CPP_HELPER", "1") == "0":
+        log.debug("KVHYBRID_CPP_HELPER=0: row ids are read through MXNet's engine")
+    elif spec is None or not spec.origin:
+        log.debug("no C++ helper (kvhybrid/tensor_collectives/ndarray_aux.cc was not built): "
+                  "row ids are read through MXNet's engine")
+    else:
+        function = ctypes.CDLL(spec.origin).kvhybrid_row_sparse_ids
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                             ctypes.POINTER(ctypes.c_int64)]
+        probe = mx.nd.sparse.row_sparse_array(
+            (np.ones((3, 2), np.float32), np.array([2, 5, 11], np.int64)), shape=(16, 2))
+        if not np.array_equal(_read_row_ids(function, probe), probe.indices.asnumpy()):
+            log.warning("kvhybrid's C++ helper (%s) reads this MXNet's arrays wrong: not "
+                        "using it (rebuild it against this MXNet: pip install "
+                        "--no-build-isolation -e .)", spec.origin)
+            function = None
+    _NATIVE.append(function)
+    return function
+
+
+def _read_row_ids(function, arr: NDArray, wait: bool = True) -> Optional[np.ndarray]:
+    if wait:
+        check_call(_LIB.MXNDArrayWaitToRead(arr.handle))
+    ptr, count = ctypes.c_void_p(), ctypes.c_int64()
+    if function(arr.handle, ctypes.byref(ptr), ctypes.byref(count)) != 0:
+        return None   # (not a host row_sparse array with int64 ids)
+    if not count.value:
+        return np.zeros(0, np.int64)
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_int64)),
+                                 (count.value,)).copy()
+
+
+def row_sparse_ids(arr: NDArray, wait: bool = True) -> np.ndarray:
+    """A copy of the row ids of a row_sparse array, once the engine has written it: read in
+    place where the C++ helper can (a host array), else through MXNet's ``indices``.
+    ``wait`` False: the caller knows the array is written and holds it from writers (an
+    engine operation that reads it: waiting there could wait behind a write queued after
+    that operation); the array must then be one ``reads_row_ids_in_place`` accepts."""
+    function = _native_row_ids()
+    ids = _read_row_ids(function, arr, wait) if function is not None else None
+    if ids is None and not wait:
+        raise ValueError("row_sparse_ids(wait=False) needs a host row_sparse array and the "
+                         "C++ helper: check reads_row_ids_in_place first")
+    return ids if ids is not None else np.asarray(arr.indices.asnumpy(), dtype=np.int64)
+
+
+def reads_row_ids_in_place(arr: Optional[NDArray] = None) -> bool:
+    """Whether ``row_sparse_ids`` reads host arrays in place (the C++ helper was built and
+    reads this MXNet's arrays right), and, given ``arr``, whether it reads that one so (a
+    host row_sparse array)."""
+    if _native_row_ids() is None:
+        return False
+    return arr is None or (arr.stype == "row_sparse" and is_host(arr))

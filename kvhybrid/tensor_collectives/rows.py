@@ -19,7 +19,7 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from .group import Group
-from .ndarray_view import host_row_sparse, host_view, is_host
+from .ndarray_view import host_row_sparse, host_view, is_host, row_sparse_ids
 from .ops import wait_all_patiently, wait_patiently
 
 
@@ -31,7 +31,9 @@ def _wire(flat: np.ndarray) -> np.ndarray:
 
 def local_ids(arrays: Sequence[NDArray]) -> np.ndarray:
     """The row ids of a worker's per-device row_sparse arrays, concatenated."""
-    return np.concatenate([np.asarray(a.indices.asnumpy(), dtype=np.int64) for a in arrays])
+    if len(arrays) == 1:
+        return row_sparse_ids(arrays[0])
+    return np.concatenate([row_sparse_ids(a) for a in arrays])
 
 
 def local_rows(arrays: Sequence[NDArray],

@@ -7,7 +7,9 @@ import mxnet as mx
 import pytest
 
 from kvhybrid.tensor_collectives.ndarray_view import (host_array, host_row_sparse, host_view,
-                                                    is_host, new_host_row_sparse, wait_to_write)
+                                                    is_host, new_host_row_sparse,
+                                                    reads_row_ids_in_place, row_sparse_ids,
+                                                    wait_to_write)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64", "uint8"])
@@ -78,3 +80,49 @@ def test_host_array_copies_and_casts():
     values[0, 0] = 99                 # a copy: the NDArray keeps what it was given
     assert arr.dtype == np.int64 and arr.asnumpy().tolist() == [[0, 1, 2], [3, 4, 5]]
     assert host_array(np.zeros((0, 4), np.float32)).shape == (0, 4)
+
+
+def _sparse_grad(ids, rows=100, width=4):
+    emb = mx.gluon.nn.Embedding(rows, width, sparse_grad=True)
+    emb.initialize()
+    with mx.autograd.record():
+        loss = emb(mx.nd.array(ids)).sum()
+    loss.backward()
+    return emb.weight.grad()
+
+
+def test_row_ids_are_read_in_place_as_mxnet_gives_them():
+    # scripts/setup.sh builds the C++ helper (pip install --no-build-isolation -e .): a
+    # missing or wrong build must fail here, not only cost the step its engine round trip
+    assert reads_row_ids_in_place()
+    for ids in ([[3, 3, 50, 7]], [[99, 0], [0, 42]], [[5]]):
+        grad = _sparse_grad(ids)   # (not waited for: row_sparse_ids waits)
+        got = row_sparse_ids(grad)
+        assert got.dtype == np.int64 and got.tolist() == grad.indices.asnumpy().tolist()
+        assert got.tolist() == sorted(set(np.ravel(ids).tolist()))
+    empty = mx.nd.sparse.zeros("row_sparse", (10, 3))
+    assert row_sparse_ids(empty).tolist() == []
+
+
+def test_row_ids_are_a_copy_that_outlives_the_next_backward():
+    emb = mx.gluon.nn.Embedding(100, 4, sparse_grad=True)
+    emb.initialize()
+    seen = []
+    for ids in ([[1, 2]], [[7, 8, 9]]):
+        with mx.autograd.record():
+            loss = emb(mx.nd.array(ids)).sum()
+        loss.backward()
+        seen.append(row_sparse_ids(emb.weight.grad()))
+    assert [s.tolist() for s in seen] == [[1, 2], [7, 8, 9]]
+
+
+def test_without_the_helper_row_ids_come_through_mxnet(monkeypatch):
+    # a machine without a compiler (or KVHYBRID_CPP_HELPER=0): the same ids, the engine's way
+    from kvhybrid.tensor_collectives import ndarray_view
+    monkeypatch.setattr(ndarray_view, "_NATIVE", [])
+    monkeypatch.setenv("KVHYBRID_CPP_HELPER", "0")
+    grad = _sparse_grad([[4, 1, 4]])
+    assert not reads_row_ids_in_place() and not reads_row_ids_in_place(grad)
+    assert row_sparse_ids(grad).tolist() == [1, 4]
+    with pytest.raises(ValueError, match="reads_row_ids_in_place"):
+        row_sparse_ids(grad, wait=False)
