@@ -81,5 +81,9 @@ class Operator:
 
 def copy(src: NDArray, dst: NDArray) -> None:
     """``src.copyto(dst)`` for two arrays of the same shape (any storage), without the
-    Python wrapper's cost; for an array pair used once."""
-    Operator("_copyto", [src], [dst])()
+    Python wrapper's cost; for a pair used once (no ``Operator`` built)."""
+    outputs = (NDArrayHandle * 1)(dst.handle)
+    check_call(_LIB.MXImperativeInvokeEx(
+        _op_handle("_copyto"), 1, (NDArrayHandle * 1)(src.handle), ctypes.byref(ctypes.c_int(1)),
+        ctypes.byref(ctypes.cast(outputs, ctypes.POINTER(NDArrayHandle))), 0, None, None,
+        ctypes.byref(ctypes.POINTER(ctypes.c_int)())))
