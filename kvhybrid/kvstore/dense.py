@@ -25,7 +25,7 @@ from ..tensor_collectives import allreduce_array, broadcast_array
 from ..tensor_collectives.compression import CompressionParams, TwoBitCompressor
 from ..tensor_collectives.engine import EngineComm, thread_level_ok
 from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
-from ..tensor_collectives.ndarray_view import ViewCache, is_host
+from ..tensor_collectives.ndarray_view import ViewCache
 from ..tensor_collectives.ops import broadcast_view, copy_to_all, reduce_local
 from . import overlap
 from .calls import CheckedCall
@@ -160,8 +160,9 @@ class DensePath:
                 if updater is not None:
                     dst.append(slot.value)
                 for arr in dst:   # nothing the engine runs uses them now
-                    if is_host(arr):
-                        np.copyto(self.views.get(arr, slot.dtype, slot.count), answer)
+                    view = self.views.host(arr, slot.dtype, slot.count)
+                    if view is not None:
+                        np.copyto(view, answer)
                     else:   # to the device: a synchronous copy from host memory
                         arr[:] = answer.reshape(arr.shape)
         return rest

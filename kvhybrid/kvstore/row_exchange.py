@@ -271,8 +271,12 @@ class PullCheck:
         self.done = threading.Event()   # the allreduce completed: ``flags`` hold the verdict
 
     def start(self, comm: EngineComm) -> None:
-        """Queue the allreduce on the communication thread."""
+        """Queue the allreduce on the communication thread (a group of one rank has its
+        verdict already: its own flags)."""
         group = comm.group
+        if group.size == 1:
+            self.done.set()
+            return
 
         def check() -> None:
             allreduce_patiently(self.flags, "max", group,

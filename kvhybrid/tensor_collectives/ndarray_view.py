@@ -122,6 +122,7 @@ class ViewCache:
 
     def __init__(self, limit: int = 8192):
         self._views: dict = {}
+        self._elsewhere: dict = {}   # handle -> an array not in host memory (kept alive)
         self._limit = limit
 
     def get(self, arr: NDArray, dtype, count: int) -> np.ndarray:
@@ -132,11 +133,26 @@ class ViewCache:
             entry = self._views[arr.handle.value] = (arr, host_view(arr, dtype, count))
         return entry[1]
 
+    def host(self, arr: NDArray, dtype, count: int) -> Optional[np.ndarray]:
+        """``get`` where ``arr`` lies in host memory, else None (where it lies is looked up
+        once: ``is_host`` costs a context object each call)."""
+        handle = arr.handle.value
+        if handle not in self._views:
+            if handle in self._elsewhere:
+                return None
+            if not is_host(arr):
+                if len(self._elsewhere) >= self._limit:
+                    self._elsewhere.clear()
+                self._elsewhere[handle] = arr
+                return None
+        return self.get(arr, dtype, count)
+
     def __len__(self) -> int:
         return len(self._views)
 
     def clear(self) -> None:
         self._views.clear()
+        self._elsewhere.clear()
 
 
 # -- row ids in place (the C++ helper) --------------------------------------------------------

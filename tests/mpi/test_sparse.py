@@ -95,9 +95,11 @@ def assert_matches_single_process(out, kind: str, ranks: int, ndev: int) -> None
 # the next batch's rows prefetched (kvhybrid.prefetch): one group with a server (1 and 2
 # devices per worker), two groups with tables in 3 pieces on 2 servers, and rows aggregated
 # per host (2 emulated hosts of 2 ranks, a server each): each host's master hands its host's
-# prefetched rows out. The 2-device shape runs without the C++ helper, as on a machine
-# without a compiler (row ids read through MXNet's engine on the caller's thread)
-PREFETCH_SHAPES = [(4, 1, 1, 1, 1), (4, 2, 1, 1, 1), (4, 1, 2, 2, 3), (4, 1, 1, 2, 1, "host")]
+# prefetched rows out; a client group per worker (all-PS: a group of one checks its pulls
+# alone). The 2-device shape runs without the C++ helper, as on a machine without a
+# compiler (row ids read through MXNet's engine on the caller's thread)
+PREFETCH_SHAPES = [(4, 1, 1, 1, 1), (4, 2, 1, 1, 1), (4, 1, 2, 2, 3), (4, 1, 1, 2, 1, "host"),
+                   (2, 1, 2, 1, 1)]
 
 
 @pytest.fixture(scope="module", params=PREFETCH_SHAPES, ids=_id)

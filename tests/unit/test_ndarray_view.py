@@ -126,3 +126,18 @@ def test_without_the_helper_row_ids_come_through_mxnet(monkeypatch):
     assert row_sparse_ids(grad).tolist() == [1, 4]
     with pytest.raises(ValueError, match="reads_row_ids_in_place"):
         row_sparse_ids(grad, wait=False)
+
+
+def test_view_cache_looks_up_where_an_array_lies_once(monkeypatch):
+    from kvhybrid.tensor_collectives import ndarray_view
+    cache = ndarray_view.ViewCache()
+    host, device = mx.nd.arange(6), mx.nd.arange(6)
+    wait_to_write(host)
+    asked = []
+    monkeypatch.setattr(ndarray_view, "is_host",   # (no accelerator here: one is pretended)
+                        lambda arr: asked.append(arr) or arr is not device)
+    for _ in range(3):
+        view = cache.host(host, np.float32, 6)
+        assert view is not None and view.tolist() == list(range(6))
+        assert cache.host(device, np.float32, 6) is None
+    assert asked == [host, device]
