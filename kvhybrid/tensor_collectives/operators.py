@@ -33,6 +33,16 @@ def _handles(arrays: Sequence[NDArray]):
     return (NDArrayHandle * len(arrays))(*[a.handle for a in arrays])
 
 
+def _push(op, inputs, n_inputs: int, outputs, n_outputs: int, n_params: int = 0,
+          keys=None, vals=None) -> None:
+    """``MXImperativeInvokeEx`` with given outputs (``out=``): what MXNet's Python
+    functions push, and all an ``Operator`` call or a ``copy`` does."""
+    check_call(_LIB.MXImperativeInvokeEx(
+        op, n_inputs, inputs, ctypes.byref(ctypes.c_int(n_outputs)),
+        ctypes.byref(ctypes.cast(outputs, ctypes.POINTER(NDArrayHandle))), n_params, keys,
+        vals, ctypes.byref(ctypes.POINTER(ctypes.c_int)())))
+
+
 class Operator:
     """One MXNet operator over fixed ``inputs`` writing fixed ``outputs`` (as ``out=``),
     pushed by calling it. Parameters are given as MXNet's Python functions take them; a
@@ -47,10 +57,7 @@ class Operator:
         self._arrays = list(inputs) + list(outputs)   # (held: their handles must outlive it)
         self._inputs = _handles(inputs)
         self._outputs = _handles(outputs)
-        self._n_inputs = len(inputs)
-        self._n_outputs = ctypes.c_int(len(outputs))
-        self._out_ptr = ctypes.cast(self._outputs, ctypes.POINTER(NDArrayHandle))
-        self._out_stypes = ctypes.POINTER(ctypes.c_int)()
+        self._n_inputs, self._n_outputs = len(inputs), len(outputs)
         self._names = list(params)
         self._name_set = frozenset(params)
         self._keys = (ctypes.c_char_p * len(params))(*[k.encode() for k in params])
@@ -72,18 +79,12 @@ class Operator:
             values = tuple(params.get(n, v) for n, v in zip(self._names, self._params))
             if values != self._params:
                 self._set(values)
-        self._n_outputs.value = len(self._arrays) - self._n_inputs
-        check_call(_LIB.MXImperativeInvokeEx(
-            self._op, self._n_inputs, self._inputs, ctypes.byref(self._n_outputs),
-            ctypes.byref(self._out_ptr), len(self._names), self._keys, self._vals,
-            ctypes.byref(self._out_stypes)))
+        _push(self._op, self._inputs, self._n_inputs, self._outputs, self._n_outputs,
+              len(self._names), self._keys, self._vals)
 
 
 def copy(src: NDArray, dst: NDArray) -> None:
     """``src.copyto(dst)`` for two arrays of the same shape (any storage), without the
     Python wrapper's cost; for a pair used once (no ``Operator`` built)."""
-    outputs = (NDArrayHandle * 1)(dst.handle)
-    check_call(_LIB.MXImperativeInvokeEx(
-        _op_handle("_copyto"), 1, (NDArrayHandle * 1)(src.handle), ctypes.byref(ctypes.c_int(1)),
-        ctypes.byref(ctypes.cast(outputs, ctypes.POINTER(NDArrayHandle))), 0, None, None,
-        ctypes.byref(ctypes.POINTER(ctypes.c_int)())))
+    _push(_op_handle("_copyto"), (NDArrayHandle * 1)(src.handle), 1,
+          (NDArrayHandle * 1)(dst.handle), 1)
