@@ -45,10 +45,16 @@ if ! "$PY" -c 'import horovod.mxnet' >/dev/null 2>&1; then
 fi
 
 # the C++ helper (kvhybrid/tensor_collectives/ndarray_aux.cc), built in place against MXNet
-helper=$(ls kvhybrid/tensor_collectives/_ndarray_aux*.so 2>/dev/null | head -n 1)
+# (a glob, not ls: on a fresh clone there is no match, and ls's exit status would end this script)
+helper=$(compgen -G 'kvhybrid/tensor_collectives/_ndarray_aux*.so' | head -n 1 || true)
 if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "$VENV/bin/kvhybrid-launch" ] \
     || [ -z "$helper" ] || [ kvhybrid/tensor_collectives/ndarray_aux.cc -nt "$helper" ]; then
   log "installing kvhybrid (editable, its C++ helper built against MXNet)"
-  "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . 2>/dev/null
+  install_log="$VENV/kvhybrid-install.log"
+  if ! "$PY" -m pip install --disable-pip-version-check --no-deps --no-build-isolation -e . >"$install_log" 2>&1; then
+    tail -n 40 "$install_log" >&2
+    log "installing kvhybrid failed; the whole log is $install_log"
+    exit 1
+  fi
 fi
 log "ready: $VENV ($("$PY" -c 'import mxnet, mpi4py, horovod; print("mxnet", mxnet.__version__, "mpi4py", mpi4py.__version__, "horovod", horovod.__version__)' 2>/dev/null))"
