@@ -49,6 +49,10 @@ def agree(group: Group, what: str, signature, local_error: Optional[str], about:
     without spinning (``wait_patiently``), for jobs whose ranks wait on each other's
     round trips to the parameter servers.
     """
+    if group.size == 1:   # nobody to differ from: the verdict is this rank's own
+        if local_error is not None:
+            raise KeyValueError(explain(what, [(local_error, None)]))
+        return
     MPI = group.MPI
     sig = digest(signature) if local_error is None else 0
     flags = np.array([sig, -sig, 1 if local_error else 0], dtype=np.int64)

@@ -12,10 +12,11 @@ trips through the engine that ``mx.nd.array`` and ``row_sparse_array`` wait for
 (each a wake-up of an engine thread: about 1 ms on a host with more busy
 threads than cores).
 
-A row_sparse array's row ids are read in place too (``row_sparse_ids``), through the C++
-helper ``ndarray_aux.cc`` that setup.py builds against MXNet's headers: MXNet's ``indices``
-is a new array filled by an engine operation, a round trip a push of rows paid for each
-gradient.
+A row_sparse array's row ids are read in place too (``row_sparse_ids``), and a new one's
+written in place, through the C++ helper ``ndarray_aux.cc`` that setup.py builds against
+MXNet's headers: MXNet's ``indices`` is a new array filled by an engine operation, and
+setting them is a synchronous engine copy, a round trip each that a push of rows paid for
+every gradient and every array of rows it made.
 """
 from __future__ import annotations
 
@@ -84,16 +85,19 @@ def new_host_row_sparse(ids: np.ndarray, shape,
                         dtype) -> Tuple[RowSparseNDArray, np.ndarray]:
     """A new host row_sparse array of ``shape`` with the sorted unique ``ids`` and room for
     their rows, and a view of those rows for the caller to fill before it hands the array
-    on. The indices cost one engine round trip (MXNet has no call that exposes them in
-    place), where ``row_sparse_array`` makes four."""
+    on. The ids are written in place by the C++ helper where it runs (no one else can be
+    using the array yet); else they cost one engine round trip (MXNet has no call that
+    exposes them in place), where ``row_sparse_array`` makes four."""
     dtype, count = np.dtype(dtype), len(ids)
     row_shape = (count,) + tuple(shape[1:])
     arr = RowSparseNDArray(_new_alloc_handle("row_sparse", tuple(shape), mx.cpu(), False, dtype,
                                              [np.int64], [(count,)]))
     if not count:
         return arr, np.empty(row_shape, dtype)
-    indices = host_array(ids, np.int64)   # (held: its handle must outlive the call)
-    check_call(_LIB.MXNDArraySyncCopyFromNDArray(arr.handle, indices.handle, ctypes.c_int(0)))
+    if not _write_row_ids(arr, ids):   # (no C++ helper: through the engine)
+        indices = host_array(ids, np.int64)   # (held: its handle must outlive the call)
+        check_call(_LIB.MXNDArraySyncCopyFromNDArray(arr.handle, indices.handle,
+                                                     ctypes.c_int(0)))
     return arr, host_view(arr, dtype, math.prod(row_shape)).reshape(row_shape)
 
 
@@ -199,6 +203,21 @@ def _read_row_ids(function, arr: NDArray, wait: bool = True) -> Optional[np.ndar
         return np.zeros(0, np.int64)
     return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_int64)),
                                  (count.value,)).copy()
+
+
+def _write_row_ids(arr: NDArray, ids: np.ndarray) -> bool:
+    """Write ``ids`` where a new host row_sparse array (its memory allocated, no operation
+    pushed on it yet) keeps its row ids, through the C++ helper; False where it cannot."""
+    function = _native_row_ids()
+    if function is None:
+        return False
+    ptr, count = ctypes.c_void_p(), ctypes.c_int64()
+    if function(arr.handle, ctypes.byref(ptr), ctypes.byref(count)) != 0 \
+            or count.value != len(ids):
+        return False
+    np.copyto(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_int64)),
+                                    (count.value,)), ids, casting="unsafe")
+    return True
 
 
 def row_sparse_ids(arr: NDArray, wait: bool = True) -> np.ndarray:
