@@ -27,7 +27,7 @@ from ..tensor_collectives.engine import EngineComm, thread_level_ok
 from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, buckets, on_host
 from ..tensor_collectives.ndarray_view import ViewCache
 from ..tensor_collectives.ops import broadcast_view, copy_to_all, reduce_local
-from . import overlap
+from . import overlap, server_round_trips
 from .calls import CheckedCall
 from .keys import Key, KeySlot
 from .modes import SyncMode
@@ -64,6 +64,11 @@ class DensePath:
         #: dense pushpulls take the engine path (with several groups they go through the
         #: servers, blocking; the engine thread then serves prefetched rows only)
         self.on_engine = engine is not None and not placement.sum_across_groups
+        #: dense pushpulls go to the servers through MXNet's engine (a client group of one
+        #: rank with servers: server_round_trips.py)
+        self.round_trips = (engine is not None and placement.sum_across_groups
+                            and placement.group.size == 1 and placement.servers is not None)
+        self.round_trip_calls = 0   # pushpulls that took that path
         self.shared_grads = overlap.GradientBuffers()
         self._fusion = FusionBuffer()
         self.views = ViewCache()
@@ -76,7 +81,7 @@ class DensePath:
     def bucket_bytes(self) -> int:
         """The engine path's bucket size (0 when the store blocks instead): fusion off
         (KVHYBRID_FUSION_THRESHOLD=0) makes every key a bucket of its own."""
-        if not self.on_engine:
+        if not (self.on_engine or self.round_trips):
             return 0
         return min(self.config.bucket_bytes, self.config.fusion_threshold) or 1
 
@@ -90,6 +95,8 @@ class DensePath:
             pass
         elif self.on_engine:
             work = self._on_engine(call, updater)
+        elif self.round_trips:
+            work = self._round_trips(call, updater)
         elif len(work) > 1 and not across and self.config.fusion_threshold:
             work = self._fused(call, updater)
         elif len(work) > 1 and across:
@@ -108,6 +115,19 @@ class DensePath:
                                             self.shared_grads)
         buckets_, rest = call.engine_plan
         overlap.run(buckets_, self.engine, updater)
+        return rest
+
+    def _round_trips(self, call: CheckedCall, updater):
+        """Push the call's keys to the servers and their answers' pulls into MXNet's engine
+        (server_round_trips.py); returns at once with the keys left to do one by one (none
+        with elements). A new updater or weight makes a new plan."""
+        if call.plan is None or (call.plan[0] is not None and not call.plan[0].current(updater)):
+            call.plan = server_round_trips.plan(call.work, self.slots, self.placement.servers,
+                                                updater, self.bucket_bytes)
+        round_trips, rest = call.plan
+        if round_trips is not None:
+            round_trips.run(self.placement.group)
+            self.round_trip_calls += 1
         return rest
 
     def _fused(self, call: CheckedCall, updater):
@@ -225,7 +245,7 @@ class DensePath:
     def compress(self, params: CompressionParams) -> None:
         """Compress dense sums from now on (``set_gradient_compression``)."""
         self.compressor = TwoBitCompressor(params)
-        self.on_engine = False   # compressed sums run key by key, on this thread
+        self.on_engine = self.round_trips = False   # compressed sums: key by key, here
         placement = self.placement
         if placement.sum_across_groups and placement.group.size == 1 \
                 and self.mode.compresses_on_servers():
@@ -256,7 +276,8 @@ class DensePath:
     # -- what it ran ---------------------------------------------------------------------------
     def stats(self) -> Dict[str, object]:
         """Fused allreduces (buckets), of those the ones summed where the gradients lie, the
-        ones the engine scheduled, and calls per allreduce algorithm. Waits for the engine's
+        ones the engine scheduled, calls per allreduce algorithm, and pushpulls whose keys
+        went to the servers through the engine (``round_trips``). Waits for the engine's
         pending sums first."""
         mx.nd.waitall()
         group = self.placement.group
@@ -266,6 +287,7 @@ class DensePath:
         return {"fused": sum(g.fused_calls for g in groups),
                 "in_place": sum(g.fused_in_place for g in groups),
                 "engine": self.engine.ops_run if self.engine is not None else 0,
+                "round_trips": self.round_trip_calls,
                 "algorithms": calls}
 
     def close(self) -> None:

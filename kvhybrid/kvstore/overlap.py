@@ -296,7 +296,7 @@ def _update(bucket: EngineBucket, updater) -> None:
 
 
 #: dtypes ``amp_multicast`` copies (it casts to the widest of its inputs: one dtype, a copy)
-_MULTICAST_DTYPES = (np.float16, np.float32, np.float64)
+MULTICAST_DTYPES = (np.float16, np.float32, np.float64)
 
 
 def _one_copy(values: List[NDArray], dsts: List[List[NDArray]]) -> bool:
@@ -306,7 +306,7 @@ def _one_copy(values: List[NDArray], dsts: List[List[NDArray]]) -> bool:
         return False
     arrays = values + [d[0] for d in dsts]
     first = values[0]
-    return (np.dtype(first.dtype).type in _MULTICAST_DTYPES
+    return (np.dtype(first.dtype).type in MULTICAST_DTYPES
             and all(a.context == first.context and a.dtype == first.dtype
                     and a.stype == "default" for a in arrays)
             and len({a.handle.value for a in arrays}) == len(arrays))

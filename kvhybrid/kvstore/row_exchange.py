@@ -14,6 +14,7 @@ Only the rows touched travel, so traffic scales with α, not with the table.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError
 from ..tensor_collectives import Group, broadcast_array
-from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.ndarray_view import (host_row_sparse, new_host_row_sparse,
+from ..tensor_collectives.engine import EngineComm, when_ready
+from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
+                                                    host_view, new_host_row_sparse,
                                                     row_sparse_ids)
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows)
@@ -206,6 +208,57 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
             done()
         raise
     return prefetches
+
+
+def push_and_prefetch_alone(pushes: Sequence[PushOfRows], servers: ServerLink,
+                            group: Group) -> List[Prefetch]:
+    """``push_and_prefetch`` for a client group of one rank (pure PS), whose gradient is
+    its group's sum and whose call is its group's verdict: there is no one to meet, so
+    each key's gradient goes to the servers and the next step's rows come back through
+    MXNet's engine, as with ``dist_sync`` (``ServerLink.push_rows_in_engine``): nothing
+    waits, on any thread of ours. The gradient is copied first (MXNet writes the rows it
+    pulls into the array it pushed); an engine operation that reads the gradient and the
+    rows hands the rows over once they came (``when_ready``), and counts the gradient's
+    rows for α where the caller left that, and its bytes in ``group``'s counters. The
+    group's watchdog times the servers' answer. Keys must pass ``ServerLink.rows_alone``,
+    each with one host array."""
+    prefetches = []
+    for p in pushes:
+        slot, grad = p.slot, p.arrays[0]
+        prefetch = Prefetch(p.key, None, p.handed)
+        wanted = p.next_ids if p.next_ids is not None else p.handed
+        wire = servers.rows_wire(p.key, slot.shape, slot.dtype)
+        copy(grad, wire)
+        if len(wanted):   # (MXNet sorts and dedupes them in its engine, as for dist_sync)
+            out = empty_row_sparse(slot.shape, slot.dtype)
+            servers.push_rows_in_engine(p.key, wire, host_array(wanted, np.int64), out)
+        else:
+            out = new_host_row_sparse(np.zeros(0, np.int64), slot.shape, slot.dtype)[0]
+            servers.push_rows_in_engine(p.key, wire, None, None)
+        done = group.watchdog.watch(lambda key=p.key: f"the parameter servers' rows of key "
+                                                       f"{key!r} for the next step", outward=True)
+        when_ready(f"prefetched rows of key {p.key!r}", [grad, out],
+                   functools.partial(_hand_over, p, prefetch, out, group, done))
+        prefetches.append(prefetch)
+    return prefetches
+
+
+def _hand_over(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group, done) -> None:
+    """``push_and_prefetch_alone``'s rows, once the engine has written them (on an engine
+    thread: only reads in place here)."""
+    if p.ids is None:   # (its gradient is written: the engine ran this after backward)
+        p.ids = row_sparse_ids(p.arrays[0], wait=False)
+        count_rows(p.slot, p.ids, 1)
+    ids = p.next_ids if p.next_ids is not None else np.unique(p.handed)
+    width = math.prod(p.slot.shape[1:])
+    group.bytes_sent["servers"] += p.ids.nbytes + len(p.ids) * width * p.slot.dtype.itemsize
+    prefetch.ids = ids
+    prefetch.rows = host_view(out, p.slot.dtype, len(ids) * width).reshape(
+        (len(ids),) + tuple(p.slot.shape[1:])) if len(ids) else \
+        np.zeros((0,) + tuple(p.slot.shape[1:]), p.slot.dtype)
+    prefetch.array = out
+    prefetch.ready.set()
+    done()
 
 
 def _rows_of(p: PushOfRows) -> Tuple[np.ndarray, np.ndarray]:

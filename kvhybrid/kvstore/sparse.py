@@ -42,7 +42,7 @@ from ..config import StoreConfig
 from ..errors import KeyValueError
 from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.ndarray_view import reads_row_ids_in_place
+from ..tensor_collectives.ndarray_view import is_host, reads_row_ids_in_place
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.rows import local_ids
 from . import routing
@@ -220,10 +220,22 @@ class SparsePath:
         for p in pushes:
             self._prefetched.pop(p.key, None)
             p.next_ids, p.handed = self._prefetch_ids.pop(p.key)
-        prefetches = rx.push_and_prefetch(pushes, self.row_group, self.servers, self.engine,
-                                          self.hand_out_group, call)
+        if self._alone(pushes, call):
+            prefetches = rx.push_and_prefetch_alone(pushes, self.servers, self.row_group)
+        else:
+            prefetches = rx.push_and_prefetch(pushes, self.row_group, self.servers,
+                                              self.engine, self.hand_out_group, call)
         for p, prefetch in zip(pushes, prefetches):
             self._prefetched[p.key] = prefetch
+
+    def _alone(self, pushes, call) -> bool:
+        """Whether a push that prefetches goes through MXNet's engine alone
+        (``rx.push_and_prefetch_alone``): a row group of one rank, its local checks passed,
+        each key's table in one piece on dist_sync servers and its gradient one host
+        array."""
+        return (self.row_group.size == 1 and call[0] is None and self.servers is not None
+                and all(p.arrays is not None and len(p.arrays) == 1 and is_host(p.arrays[0])
+                        and self.servers.rows_alone(p.key) for p in pushes))
 
     def push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
         """A checked push of row_sparse gradients, by the key's route."""

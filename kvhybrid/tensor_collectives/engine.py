@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import itertools
 import logging
 import threading
 import time
@@ -84,6 +85,11 @@ class _Op:
         self.ready_at = 0.0
 
 
+#: where ``when_ready``'s operations run, and how (module-wide: they are never changed)
+_HOST = _Context(_CPU, 0)
+_PRIORITIZED = ctypes.c_int(CPU_PRIORITIZED)
+
+
 @dataclass(frozen=True)
 class OpTiming:
     """When one operation's inputs were ready (the engine started it), and when its
@@ -120,6 +126,43 @@ def _engine_started(rctx, on_complete, param) -> None:
 
 def _complete(done: _OnComplete) -> None:
     _COMPLETE_FUNC(done.callback)(done.engine, done.param, None)
+
+
+#: ``when_ready``'s callbacks by id, until the engine calls them
+_READY: Dict[int, Callable[[], None]] = {}
+_ready_ids = itertools.count(1)
+
+
+@_ASYNC_FUNC
+def _engine_ready(rctx, on_complete, param) -> None:
+    """Called by an engine priority thread when a ``when_ready`` operation may run."""
+    src = _OnComplete.from_address(on_complete)
+    done = _OnComplete(src.callback, src.engine, src.param)
+    callback = _READY.pop(int(param or 0), None)
+    try:
+        if callback is not None:
+            callback()
+    except BaseException:   # noqa: B902 (never into MXNet's engine thread)
+        log.exception("kvhybrid: a callback of MXNet's engine failed")
+    finally:
+        _complete(done)
+
+
+def when_ready(name: str, reads: Sequence[NDArray], callback: Callable[[], None]) -> None:
+    """Call ``callback`` on an engine thread once every operation pushed so far that writes
+    ``reads`` (distinct arrays) has finished: one engine operation that reads them and does
+    nothing else. ``callback`` must be quick (it holds an engine priority thread)."""
+    ident = next(_ready_ids)
+    _READY[ident] = callback
+    read = (ctypes.c_void_p * len(reads))(*[a.handle.value for a in reads])
+    try:
+        check_call(_LIB.MXEnginePushAsyncND(
+            _engine_ready, ctypes.c_void_p(ident), None, ctypes.byref(_HOST), read, len(reads),
+            None, 0, ctypes.byref(_PRIORITIZED), 0,
+            ctypes.c_char_p(b"kvhybrid_" + name.encode()[:64]), False))
+    except BaseException:
+        _READY.pop(ident, None)
+        raise
 
 
 class EngineComm:

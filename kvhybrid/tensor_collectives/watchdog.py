@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
+import itertools
 import logging
 import os
 import socket
@@ -29,7 +31,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Callable, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -110,6 +112,9 @@ class Watchdog:
         self._hint: Optional[str] = None
         self._since = 0.0
         self._warned = False
+        #: waits no thread of this process blocks in (``watch``): id -> (since, what, limit)
+        self._watched: Dict[int, Tuple[float, Description, float]] = {}
+        self._watch_ids = itertools.count(1)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kvhybrid-watchdog-{name}",
                                         daemon=True)
@@ -171,6 +176,22 @@ class Watchdog:
             self._what = None
             if outward:
                 _post_outward(0)
+
+    def watch(self, what: Description, outward: bool = False) -> Callable[[], None]:
+        """Time a wait that MXNet's engine does for this rank, with no thread of ours
+        blocked in it (a pull of the parameter servers' answers, which the next forward
+        pass waits for inside MXNet): the job aborts, naming ``what``, unless the returned
+        function is called within the limit (``waiting``'s, ``outward`` included). That
+        function may be called from any thread, once."""
+        ident = next(self._watch_ids)
+        limit = self.timeout * (OUTWARD_FACTOR if outward else 1.0)
+        self._watched[ident] = (time.monotonic(), what, limit)
+        return functools.partial(self._watched.pop, ident, None)
+
+    @property
+    def watched(self) -> int:
+        """Watched waits not over yet."""
+        return len(self._watched)
 
     @property
     def collectives(self) -> int:
@@ -241,8 +262,25 @@ class Watchdog:
             return max(self._limit, self.timeout * DEFERRED_FACTOR)
         return self._limit
 
+    def _overdue(self) -> Optional[str]:
+        """The first watched wait (``watch``) past its limit, described, or None."""
+        now = time.monotonic()
+        for since, what, limit in list(self._watched.values()):
+            if now - since > limit:
+                text = what() if callable(what) else what
+                return (f"kvhybrid: rank {self.rank} timed out after {limit:.0f} s waiting for "
+                        f"{text}: a parameter server or a worker of another client group is "
+                        "stuck or unreachable (the launcher's summary and that group's output "
+                        "name which); if this wait is legitimately longer, raise "
+                        "KVHYBRID_TIMEOUT")
+        return None
+
     def _run(self) -> None:
         while not self._stop.wait(_POLL_SECONDS):
+            overdue = self._overdue() if self._watched else None
+            if overdue is not None:
+                abort_job(self._MPI, overdue)
+                return
             current, seq = self._what, self._seq
             if current is None:
                 continue

@@ -26,7 +26,7 @@ STEPS, PER_DEVICE = 4, 3
 SHAPES = [(2, 1, 1, 0, "gluon"), (2, 2, 1, 0, "gluon"), (4, 1, 1, 0, "gluon"),
           (4, 2, 1, 0, "gluon"), (4, 1, 2, 2, "gluon"), (4, 2, 4, 2, "gluon"),
           (4, 1, 1, 1, "gluon"), (3, 2, 1, 0, "fused"), (3, 2, 1, 0, "fused-blocking"),
-          (4, 1, 2, 1, "fused")]
+          (4, 1, 2, 1, "fused"), (2, 1, 2, 1, "fused")]
 # the model's keys are small, so auto sums them with MPI's call: these force the others
 # (hierarchical over two emulated hosts of 2 ranks)
 SHAPES += [(3, 1, 1, 0, "gluon", "ring"), (4, 1, 1, 0, "gluon", "shm"),
@@ -65,12 +65,21 @@ def job(request, tmp_path_factory):
             assert len(re.findall(f"update_on_kvstore=False loss \\S+ fused allreduces {STEPS} "
                                   f"in place {STEPS}", result.output)) == 2 * ranks, result.output
     else:  # one store per process with servers: one job per training
-        # "fused" with several groups: the small keys travel to the servers packed (packs.py)
+        # "fused" with several groups: the small keys travel to the servers packed (packs.py);
+        # with a group per worker, through MXNet's engine (server_round_trips.py), as do
+        # gluon.Trainer's calls key by key
         env = {"KVHYBRID_TEST_FUSED": "1"} if trainer == "fused" else None
         for combo in ("mlp:0", "cnn:0", "mlp:1", "cnn:1"):
             result = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers],
                                   "train_equivalence.py", args + [combo], timeout=300, env=env)
             assert result.returncode == 0, result.output[-4000:]
+            trips = re.findall(r"round trips on the engine (\d+)", result.output)
+            assert len(trips) == ranks, result.output[-4000:]
+            if clients == ranks:   # every step's pushpull went that way (gluon.Trainer's:
+                want = STEPS if trainer == "fused" else STEPS * 2   # one per key, several)
+                assert all(int(t) >= want for t in trips), trips
+            else:   # bigger groups sum first, then their masters meet on the servers
+                assert all(int(t) == 0 for t in trips), trips
     return ranks, ndev, out
 
 

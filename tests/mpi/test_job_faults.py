@@ -63,6 +63,24 @@ def test_stalled_server_ends_the_job_naming_the_wait_and_the_stopped_process(tmp
     assert "server 0 on localhost" in out and "is stopped" in out
 
 
+def test_stalled_server_ends_a_job_of_one_rank_groups_naming_the_wait(tmp_path):
+    # a client group per worker hands its dense round trips to MXNet's engine and waits for
+    # none of them (a model with no rows: nothing else waits for the servers): the watchdog
+    # times the servers' answers all the same
+    job = LaunchedJob(["-n", 2, "--clients", 2, "--servers", 1], "fault_train.py",
+                      [tmp_path, *TRAIN, "--kind", "dense"],
+                      env={**TIMEOUT, "KVHYBRID_TEST_FUSED": "1"})
+    job.wait_for(r"^scheduler\s+\S+\s+-\s+port (\d+)")
+    job.inject("stall", "server", 0, at_step=5)
+    result = job.finish(timeout=LIMIT + 30)
+    out = result.output
+    assert result.returncode != 0 and result.seconds < LIMIT, out[-3000:]
+    assert re.search(r"timed out after 12 s waiting for the parameter servers' answers to the "
+                     r"pushpull of keys \d+\.\.\d+", out), out[-3000:]
+    assert "server 0 on localhost" in out and "is stopped" in out
+    assert job.leftovers() == []
+
+
 def test_stalled_worker_ends_the_job_naming_the_laggard(tmp_path):
     out = fault(tmp_path, "stall", "worker", 1)
     assert "timed out after 8 s" in out

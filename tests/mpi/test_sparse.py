@@ -95,8 +95,8 @@ def assert_matches_single_process(out, kind: str, ranks: int, ndev: int) -> None
 # the next batch's rows prefetched (kvhybrid.prefetch): one group with a server (1 and 2
 # devices per worker), two groups with tables in 3 pieces on 2 servers, and rows aggregated
 # per host (2 emulated hosts of 2 ranks, a server each): each host's master hands its host's
-# prefetched rows out; a client group per worker (all-PS: a group of one checks its pulls
-# alone). The 2-device shape runs without the C++ helper, as on a machine without a
+# prefetched rows out; a client group per worker (all-PS: a group of one pushes its rows and
+# fetches the next ones through MXNet's engine, as dist_sync, and checks its pulls alone). The 2-device shape runs without the C++ helper, as on a machine without a
 # compiler (row ids read through MXNet's engine on the caller's thread)
 PREFETCH_SHAPES = [(4, 1, 1, 1, 1), (4, 2, 1, 1, 1), (4, 1, 2, 2, 3), (4, 1, 1, 2, 1, "host"),
                    (2, 1, 2, 1, 1)]
@@ -120,12 +120,12 @@ def prefetch_job(request, tmp_path_factory):
                              "train_sparse.py", [folder, ndev, STEPS, PER_DEVICE, kind],
                              timeout=240, env={**env, "KVHYBRID_TEST_PREFETCH": flag})
             assert r.returncode == 0, r.output[-4000:]
-    return ranks, ndev, len(request.param) > 5, out
+    return ranks, ndev, len(request.param) > 5, clients == ranks, out
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=["sparse_grad", "SparseEmbedding"])
 def test_prefetched_rows_train_bit_for_bit_like_plain_pulls(prefetch_job, kind):
-    ranks, ndev, _, out = prefetch_job
+    ranks, ndev, _, _, out = prefetch_job
     assert_matches_single_process(out, kind, ranks, ndev)
     for rank in range(ranks):
         got = np.load(out / f"{kind}-rank{rank}.npz")
@@ -138,11 +138,18 @@ def test_prefetched_pulls_meet_no_one_and_prefetching_pushes_meet_once(prefetch_
     # a sparse weight's pull through the master meets the group 3 times (agreement, ids,
     # rows); prefetched, the push carries the ids, the push's gather and the rows come on
     # the engine thread, and the check that every rank got its rows runs there too
-    ranks, ndev, host_masters, out = prefetch_job
+    ranks, ndev, host_masters, alone, out = prefetch_job
     for rank in range(ranks):
         got = json.load(open(out / f"weight-stats-rank{rank}.json"))["collectives"]
         plain = json.load(open(out / "plain" / f"weight-stats-rank{rank}.json"))["collectives"]
         pulls = (STEPS - 1) * ndev   # every step's pulls but the first step's (per device)
+        if alone:   # a group of one rank: its rows go through MXNet's engine, as dist_sync's,
+            # and no collective of its own runs at all (on a group of one, a plain pull's
+            # agreement is its own verdict: the gather of its ids and the scatter of its
+            # rows are what a prefetched one saves)
+            assert got["engine"] == 0 and plain["engine"] == 0, (got, plain)
+            assert plain["group"] - got["group"] >= 2 * pulls, (got, plain)
+            continue
         # each prefetched pull saves all 3 meetings; a plain push meets twice (its
         # agreement, then one gather of the rows), a prefetching one not at all (its gather
         # of the rows, the next ids and the call's agreement runs on the communication

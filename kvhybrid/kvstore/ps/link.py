@@ -26,8 +26,11 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+import ctypes
+
 import numpy as np
 import mxnet as mx
+from mxnet.base import _LIB, NDArrayHandle, check_call, mx_uint
 from mxnet.ndarray import NDArray
 
 from ...errors import KeyValueError
@@ -145,6 +148,7 @@ class ServerLink:
         self._packs: List[packs.Pack] = []
         self._packed: Dict[Key, Tuple[packs.Pack, int]] = {}
         self._wires: Dict[Key, Tuple[NDArray, np.ndarray]] = {}   # unpacked keys' arrays
+        self._row_wires: Dict[Key, NDArray] = {}                  # see rows_wire
         self._shapes: Dict[Key, Tuple[tuple, np.dtype]] = {}      # dense keys' shape, dtype
         self._requests = 0   # see requests
         #: pieces of work with this link handed to another thread and not yet done
@@ -153,6 +157,10 @@ class ServerLink:
         self._deferred_done = threading.Condition()
         #: per thread: the watchdog of a thread doing deferred work (``deferred``)
         self._thread = threading.local()
+        #: held around the calls into MXNet's store that may come from two threads at once
+        #: (deferred rows on the communication thread, ``RoundTrips`` on the caller's): the
+        #: store keeps its per-key buffers in maps that a first push of a key inserts into
+        self.kv_lock = threading.Lock()
 
     def take_over(self, watchdog: Watchdog, num_servers: int, pack_keys: bool) -> None:
         """A new store of this process uses the link: its waits are timed by that store's
@@ -292,7 +300,8 @@ class ServerLink:
                 array = host_row_sparse(rows[part], ids[part] - first, (n,) + tuple(shape[1:]),
                                         dtype)
                 # a push waits for the key's previous round trip: inside the guard
-                self._kv.push(piece_key(index, i), array)  # ps-lite reuses it: a new one each time
+                with self.kv_lock:   # ps-lite reuses the array: a new one each time
+                    self._kv.push(piece_key(index, i), array)
                 self._requests += 1
 
     @_in_order
@@ -318,8 +327,9 @@ class ServerLink:
                     continue
                 n = int(bounds[i + 1]) - first
                 out = empty_row_sparse((n,) + tuple(shape[1:]), dtype)
-                self._kv.row_sparse_pull(piece_key(index, i), out=out,
-                                         row_ids=host_array(ids[part] - first, np.int64))
+                row_ids = host_array(ids[part] - first, np.int64)
+                with self.kv_lock:
+                    self._kv.row_sparse_pull(piece_key(index, i), out=out, row_ids=row_ids)
                 self._requests += 1
                 outs.append((out, part.stop - part.start))
         row_shape = tuple(shape[1:])
@@ -334,6 +344,35 @@ class ServerLink:
                 parts.append(host_view(out, dtype, count * width).reshape((count,) + row_shape))
             return np.concatenate(parts) if len(parts) > 1 else parts[0]
         return rows
+
+    def rows_alone(self, key: Key) -> bool:
+        """Whether ``push_rows_in_engine`` can take ``key``: a table in one piece, on
+        ``dist_sync`` servers (an async server would take an empty push as an update)."""
+        bounds = self._bounds.get(key)
+        return self.mode == "dist_sync" and bounds is not None and len(bounds) == 2
+
+    def push_rows_in_engine(self, key: Key, grad: NDArray, next_ids: Optional[NDArray],
+                            out: Optional[NDArray]) -> None:
+        """Push the host row_sparse array ``grad`` (this master's sum: it alone pushes for
+        its group) to ``key``'s one piece, then ask for the rows ``next_ids`` into the
+        host row_sparse array ``out``, through MXNet's engine, as ``dist_sync`` does: the
+        push goes once the engine has written ``grad``, and the pull writes the rows once
+        the servers have taken every master's push (MXNet pulls into the pushed array,
+        after its push: ``grad`` is overwritten). Nothing waits here."""
+        kid = piece_key(self._ids[key], 0)
+        with self.kv_lock:
+            self._kv.push(kid, grad)
+            self._requests += 1
+            if next_ids is not None:
+                self._kv.row_sparse_pull(kid, out=out, row_ids=next_ids)
+                self._requests += 1
+
+    def rows_wire(self, key: Key, shape, dtype) -> NDArray:
+        """A host row_sparse array of the table ``key``'s ``shape`` and ``dtype`` that only
+        ``push_rows_in_engine``'s callers use (MXNet overwrites what it pushes)."""
+        if key not in self._row_wires:
+            self._row_wires[key] = empty_row_sparse(shape, dtype)
+        return self._row_wires[key]
 
     @_in_order
     def init(self, key: Key, value: NDArray, out: NDArray) -> None:
@@ -407,6 +446,33 @@ class ServerLink:
         self._kv.pull(kid, out=array)
         self._requests += 2
         return array
+
+    @_in_order
+    def packs_of(self, keys: List[Key]) -> Dict[Key, Tuple[packs.Pack, int]]:
+        """(pack, member index) of each of ``keys`` that travels packed: packed now if not
+        yet, when the servers run kvhybrid's optimizer (every master makes the same calls,
+        so the same packs); a packed key never travels alone again."""
+        if self.packing:
+            self._make_packs([key for key in keys if key not in self._packed])
+        return {key: self._packed[key] for key in keys if key in self._packed}
+
+    def round_trips(self, pushes: List[Tuple[object, List[NDArray]]],
+                    pulls: List[Tuple[object, List[NDArray]]]) -> "RoundTrips":
+        """``RoundTrips`` of dense keys that travel alone and of packs (``packs.Pack``)."""
+        return RoundTrips(self, [(self._ps_id(k), arrays) for k, arrays in pushes],
+                          [(self._ps_id(k), arrays) for k, arrays in pulls])
+
+    def _ps_id(self, key_or_pack) -> int:
+        if isinstance(key_or_pack, packs.Pack):
+            return key_or_pack.pack_key
+        if key_or_pack in self._packed:
+            raise KeyValueError(f"key {key_or_pack!r} travels packed with other keys: it "
+                                "cannot be pushed alone")
+        return self._ids[key_or_pack]
+
+    def wire(self, key: Key) -> NDArray:
+        """A host array of ``key``'s shape that only the link's round trips use."""
+        return self._wire(key)[0]
 
     def _wire(self, key: Key) -> Tuple[NDArray, np.ndarray]:
         """The array an unpacked key travels in (MXNet pulls into the array it pushed
@@ -597,3 +663,41 @@ class ServerLink:
         if self._kv is not None:
             kv, self._kv = self._kv, None
             del kv  # waits for every node; at exit the watchdog is gone, the launcher times it
+
+
+class RoundTrips:
+    """Pushes of dense keys and the pulls of their answers, handed to MXNet's engine in one
+    C call each, their C arguments laid out once (MXNet's Python ``push`` and ``pull`` build
+    them on every call, per key). MXNet sends a key once the engine has written its pushed
+    arrays (summing several devices' arrays into a buffer of its own first), and its pull
+    writes the answer into every array listed for that key once the servers have sent it:
+    nothing waits here, and the engine orders a key's round trips by its arrays.
+
+    These calls pass no fence (``ServerLink.defer``): dense keys never share a ps-lite key
+    with the rows the deferred work pushes, so their order against that work does not
+    matter; ``kv_lock`` keeps the two threads out of MXNet's store at once."""
+
+    def __init__(self, link: ServerLink, pushes: List[Tuple[int, List[NDArray]]],
+                 pulls: List[Tuple[int, List[NDArray]]]):
+        self._link = link
+        self._calls = []
+        for arrays_of in (pushes, pulls):
+            kids = [kid for kid, arrays in arrays_of for _ in arrays]
+            arrays = [a for _, arrays in arrays_of for a in arrays]
+            self._calls.append((mx_uint(len(kids)), (ctypes.c_int * len(kids))(*kids),
+                                (NDArrayHandle * len(arrays))(*[a.handle for a in arrays])))
+        self._held = [a for arrays_of in (pushes, pulls) for _, arrays in arrays_of
+                      for a in arrays]   # (their handles must outlive the C arrays)
+        self._requests = len({kid for kid, _ in pushes}) + len({kid for kid, _ in pulls})
+
+    def __call__(self, priority: int = 0) -> None:
+        """Push every key and ask for every answer."""
+        link = self._link
+        (n_push, push_keys, push_vals), (n_pull, pull_keys, pull_vals) = self._calls
+        with link.kv_lock:
+            handle = link._kv.handle
+            check_call(_LIB.MXKVStorePush(handle, n_push, push_keys, push_vals,
+                                          ctypes.c_int(priority)))
+            check_call(_LIB.MXKVStorePullWithSparse(handle, n_pull, pull_keys, pull_vals,
+                                                    ctypes.c_int(priority), ctypes.c_bool(True)))
+            link._requests += self._requests

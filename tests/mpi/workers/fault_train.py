@@ -1,6 +1,6 @@
 """Train the sparse bag-of-words model through a kvhybrid store, for fault and checkpoint tests.
 
-    fault_train.py OUT STEPS [--store S] [--kind weight|grad] [--save-at K] [--resume]
+    fault_train.py OUT STEPS [--store S] [--kind weight|grad|dense] [--save-at K] [--resume]
                    [--sleep SECONDS]
 
 Prints ``rank R step S`` before each step (the fault harness waits for these lines).

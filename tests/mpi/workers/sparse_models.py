@@ -3,6 +3,7 @@
 kind "grad":   nn.Embedding(sparse_grad=True): a dense weight that gets row_sparse gradients.
 kind "weight": contrib.nn.SparseEmbedding: a row_sparse weight, pulled row by row.
 kind "tables": two SparseEmbedding tables, one for each half of a sample's words.
+kind "dense":  nn.Embedding with dense gradients: the same model with no rows at all.
 Both set a learning-rate and a weight-decay multiplier, which the servers must honour too.
 """
 import numpy as np
@@ -20,6 +21,8 @@ class BagOfWords(gluon.Block):
         with self.name_scope():
             if kind == "grad":
                 self.embed = nn.Embedding(VOCAB, DIM, sparse_grad=True)
+            elif kind == "dense":
+                self.embed = nn.Embedding(VOCAB, DIM)
             elif kind in ("weight", "tables"):
                 self.embed = mx.gluon.contrib.nn.SparseEmbedding(VOCAB, DIM)
             else:

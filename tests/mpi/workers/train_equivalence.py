@@ -44,5 +44,6 @@ for combo in combos.split(","):
     stats = kv.dense_stats()
     print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f} "
           f"fused allreduces {stats['fused']} in place {stats['in_place']} "
+          f"round trips on the engine {stats['round_trips']} "
           f"calls by algorithm {stats['algorithms']}", flush=True)
     kv.close()
