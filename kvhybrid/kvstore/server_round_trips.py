@@ -113,8 +113,7 @@ def plan(work, slots: Dict[Key, KeySlot], servers: ServerLink, updater,
             if len(value) == 1:
                 pack_ins.append((value[0], region))
             else:   # the devices' sum, into the pack
-                sums.append(Operator("add_n", [v.as_in_context(region.context) for v in value],
-                                     [region], num_args=len(value)))
+                sums += _device_sum(value, region)
             outs += [(region, d) for d in dst]
         before += _copies(pack_ins) + sums
         after += _copies(outs)
@@ -129,6 +128,21 @@ def plan(work, slots: Dict[Key, KeySlot], servers: ServerLink, updater,
                        for _, arrays in pushes)
     done = {k for k, *_ in items}
     return plan_, [w for w in work if w[0] not in done]
+
+
+def _device_sum(value: Sequence[NDArray], into: NDArray) -> List[Operator]:
+    """Engine operations that sum a key's arrays on several devices into ``into``: each
+    array on another device copied next to it first (into an array made once), then one
+    ``add_n``."""
+    ops, near = [], []
+    for v in value:
+        if v.context == into.context:
+            near.append(v)
+        else:
+            stage = mx.nd.empty(v.shape, ctx=into.context, dtype=v.dtype)
+            ops.append(Operator("_copyto", [v], [stage]))
+            near.append(stage)
+    return ops + [Operator("add_n", near, [into], num_args=len(near))]
 
 
 def _mask(pack, members) -> NDArray:

@@ -26,7 +26,7 @@ STEPS, PER_DEVICE = 4, 3
 SHAPES = [(2, 1, 1, 0, "gluon"), (2, 2, 1, 0, "gluon"), (4, 1, 1, 0, "gluon"),
           (4, 2, 1, 0, "gluon"), (4, 1, 2, 2, "gluon"), (4, 2, 4, 2, "gluon"),
           (4, 1, 1, 1, "gluon"), (3, 2, 1, 0, "fused"), (3, 2, 1, 0, "fused-blocking"),
-          (4, 1, 2, 1, "fused"), (2, 1, 2, 1, "fused")]
+          (4, 1, 2, 1, "fused"), (2, 1, 2, 1, "fused"), (2, 2, 2, 1, "fused")]
 # the model's keys are small, so auto sums them with MPI's call: these force the others
 # (hierarchical over two emulated hosts of 2 ranks)
 SHAPES += [(3, 1, 1, 0, "gluon", "ring"), (4, 1, 1, 0, "gluon", "shm"),
