@@ -205,7 +205,7 @@ class _Weights:
     sums it reads: the bucket's views where the weights are, else copies made each step;
     how it updates them (``flat``: one SGD operator over the bucket, else MXNet's
     Updater); and where the updated weights go (``outs``: one array per key, all of them,
-    when one engine operation can copy them all, see ``_copy_out``)."""
+    when one engine operation can copy them all, see ``multicast``)."""
 
     def __init__(self, bucket: EngineBucket, updater):
         slots = [it.slot for it in bucket.items]
@@ -218,7 +218,7 @@ class _Weights:
         self.grads = [it.total for it in bucket.items] if same_device else None
         dsts = [it.out if it.out is not None else it.value for it in bucket.items]
         self.outs = [d[0] for d in dsts] if _one_copy(self.values, dsts) else None
-        self.copy_out = _copy_out(self.values, self.outs) if self.outs is not None else None
+        self.copy_out = multicast(self.values, self.outs) if self.outs is not None else None
 
     def current(self, bucket: EngineBucket, updater) -> bool:
         """Whether every key's weight is still the one seen here (a new init or another
@@ -312,7 +312,7 @@ def _one_copy(values: List[NDArray], dsts: List[List[NDArray]]) -> bool:
             and len({a.handle.value for a in arrays}) == len(arrays))
 
 
-def _copy_out(values: List[NDArray], outs: List[NDArray]) -> Operator:
+def multicast(values: List[NDArray], outs: List[NDArray]) -> Operator:
     """Every weight into its out in one engine operation: ``amp_multicast`` of one dtype is
     a copy of each input into its output. One ``copyto`` per key cost the caller's thread
     47 us for an NMT's 6 keys, this 14 (and its arrays laid out once, less)."""

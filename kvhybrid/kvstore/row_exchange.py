@@ -95,6 +95,8 @@ class Prefetch:
         #: of exactly ``ids`` copies it into its out, waiting for nothing
         self.array: Optional[NDArray] = None
         self.ready = threading.Event()
+        #: why the rows could not be handed over (set with ``ready``; the reader raises it)
+        self.error: Optional[str] = None
 
 
 @dataclass
@@ -245,7 +247,21 @@ def push_and_prefetch_alone(pushes: Sequence[PushOfRows], servers: ServerLink,
 
 def _hand_over(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group, done) -> None:
     """``push_and_prefetch_alone``'s rows, once the engine has written them (on an engine
-    thread: only reads in place here)."""
+    thread: only reads in place here). A failure is kept for the reader of the rows, who
+    raises it (``SparsePath``), instead of leaving it to wait for rows that never come."""
+    try:
+        _take_rows(p, prefetch, out, group)
+    except Exception as exc:   # noqa: B902 (nothing may escape into MXNet's engine thread)
+        prefetch.error = (f"the rows prefetched for key {p.key!r} could not be handed over "
+                          f"({type(exc).__name__}: {exc}); train without kvhybrid.prefetch "
+                          "for this table, or set KVHYBRID_CPP_HELPER=0, and report it")
+    finally:
+        prefetch.ready.set()
+        done()
+
+
+def _take_rows(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group) -> None:
+    """``_hand_over``'s work: α, the bytes, and the rows where the reader finds them."""
     if p.ids is None:   # (its gradient is written: the engine ran this after backward)
         p.ids = row_sparse_ids(p.arrays[0], wait=False)
         count_rows(p.slot, p.ids, 1)
@@ -257,8 +273,6 @@ def _hand_over(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group, do
         (len(ids),) + tuple(p.slot.shape[1:])) if len(ids) else \
         np.zeros((0,) + tuple(p.slot.shape[1:]), p.slot.dtype)
     prefetch.array = out
-    prefetch.ready.set()
-    done()
 
 
 def _rows_of(p: PushOfRows) -> Tuple[np.ndarray, np.ndarray]:

@@ -34,10 +34,10 @@ from mxnet.ndarray import NDArray
 
 from ..tensor_collectives.engine import when_ready
 from ..tensor_collectives.fusion import buckets
-from ..tensor_collectives.ndarray_view import is_host, wait_to_write
+from ..tensor_collectives.ndarray_view import host_array, is_host
 from ..tensor_collectives.operators import Operator
 from .keys import Key, KeySlot
-from .overlap import MULTICAST_DTYPES, bucket_indices
+from .overlap import MULTICAST_DTYPES, bucket_indices, multicast
 from .ps.link import RoundTrips, ServerLink
 
 
@@ -48,12 +48,12 @@ class RoundTripPlan:
 
     def __init__(self, before: List[Operator], trips: RoundTrips, after: List[Operator],
                  answers: List[NDArray], name: str, updater,
-                 weights: List[Tuple[KeySlot, Optional[NDArray]]]):
+                 weights: List[Tuple[KeySlot, Optional[NDArray]]], nbytes: int):
         self.before, self.trips, self.after = before, trips, after
         self.answers, self.name = answers, name
         self._updater, self._weights = updater, weights
         #: the bytes each step pushes (the arrays' own: a pack's mask included)
-        self.nbytes = 0
+        self.nbytes = nbytes
 
     def current(self, updater) -> bool:
         """Whether the plan still holds: the same updater, and each key's weight the one the
@@ -122,10 +122,9 @@ def plan(work, slots: Dict[Key, KeySlot], servers: ServerLink, updater,
     name = f"keys {items[0][0]!r}..{items[-1][0]!r}" if len(items) > 1 \
         else f"key {items[0][0]!r}"
     unique = list({a.handle.value: a for a in answers}.values())
+    nbytes = sum(arrays[0].size * np.dtype(arrays[0].dtype).itemsize for _, arrays in pushes)
     plan_ = RoundTripPlan(before, servers.round_trips(pushes, pulls), after, unique, name,
-                          updater, [(s, s.value) for *_, s in items])
-    plan_.nbytes = sum(arrays[0].size * np.dtype(arrays[0].dtype).itemsize
-                       for _, arrays in pushes)
+                          updater, [(s, s.value) for *_, s in items], nbytes)
     done = {k for k, *_ in items}
     return plan_, [w for w in work if w[0] not in done]
 
@@ -149,10 +148,8 @@ def _mask(pack, members) -> NDArray:
     """The pack's presence mask for this call (1 for the members it carries), as a host
     array the engine copies into the pack's head before each push (the answer overwrites
     it)."""
-    mask = mx.nd.array([1 if i in members else 0 for i in range(len(pack.members))],
-                       ctx=mx.cpu(), dtype=pack.dtype)
-    wait_to_write(mask)
-    return mask
+    return host_array([1 if i in members else 0 for i in range(len(pack.members))],
+                      pack.dtype)
 
 
 def _copies(pairs: Sequence[Tuple[NDArray, NDArray]], bucket_bytes: int = 0) -> List[Operator]:
@@ -172,9 +169,6 @@ def _copies(pairs: Sequence[Tuple[NDArray, NDArray]], bucket_bytes: int = 0) -> 
     ops = [Operator("_copyto", [s], [d]) for s, d in other]
     for idx in runs:
         run = [host[i] for i in idx]
-        if len(run) == 1:
-            ops.append(Operator("_copyto", [run[0][0]], [run[0][1]]))
-        else:
-            ops.append(Operator("amp_multicast", [s for s, _ in run], [d for _, d in run],
-                                num_outputs=len(run)))
+        ops.append(Operator("_copyto", [run[0][0]], [run[0][1]]) if len(run) == 1
+                   else multicast([s for s, _ in run], [d for _, d in run]))
     return ops

@@ -39,7 +39,7 @@ import numpy as np
 import mxnet as mx
 
 from ..config import StoreConfig
-from ..errors import KeyValueError
+from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ndarray_view import is_host, reads_row_ids_in_place
@@ -485,7 +485,7 @@ class SparsePath:
             (np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64), None)
 
     def _wait_for_prefetch(self, prefetch: rx.Prefetch) -> None:
-        if prefetch.ready.is_set():   # (the usual case: the rows came during the step)
+        if prefetch.ready.is_set() and prefetch.error is None:   # (the usual case)
             self.engine.check()
             return
         with self.group.watchdog.waiting(lambda: f"the prefetched rows of key {prefetch.key!r}",
@@ -493,6 +493,8 @@ class SparsePath:
             while not prefetch.ready.wait(0.05):
                 self.engine.check()   # its thread failed: the rows will not come
         self.engine.check()
+        if prefetch.error is not None:
+            raise KVHybridError(prefetch.error)
 
     def forget_prefetched(self) -> None:
         """Drop rows fetched ahead (their values are about to be replaced)."""

@@ -347,7 +347,8 @@ class ServerLink:
 
     def rows_alone(self, key: Key) -> bool:
         """Whether ``push_rows_in_engine`` can take ``key``: a table in one piece, on
-        ``dist_sync`` servers (an async server would take an empty push as an update)."""
+        ``dist_sync`` servers (on ``dist_async`` ones ``push_rows`` skips empty pushes,
+        which this path cannot see before the engine has run backward)."""
         bounds = self._bounds.get(key)
         return self.mode == "dist_sync" and bounds is not None and len(bounds) == 2
 
@@ -414,8 +415,8 @@ class ServerLink:
         push and pull is issued before the first wait, so the servers work on all at once.
         With ``new_packs``, keys not yet packed are packed now (every master makes the same
         calls, so every master makes the same packs)."""
-        if new_packs and self.packing:
-            self._make_packs([key for key, _, _ in items if key not in self._packed])
+        if new_packs:
+            self._pack_new([key for key, _, _ in items])
         sent = {}   # pack_key -> the packs pushed, masks cleared before their first member
         waits = []
         keys = ", ".join(repr(k) for k, _, _ in items[:8]) + (" ..." if len(items) > 8 else "")
@@ -452,9 +453,13 @@ class ServerLink:
         """(pack, member index) of each of ``keys`` that travels packed: packed now if not
         yet, when the servers run kvhybrid's optimizer (every master makes the same calls,
         so the same packs); a packed key never travels alone again."""
+        self._pack_new(keys)
+        return {key: self._packed[key] for key in keys if key in self._packed}
+
+    def _pack_new(self, keys: List[Key]) -> None:
+        """Pack those of ``keys`` not packed yet, when the servers run kvhybrid's optimizer."""
         if self.packing:
             self._make_packs([key for key in keys if key not in self._packed])
-        return {key: self._packed[key] for key in keys if key in self._packed}
 
     def round_trips(self, pushes: List[Tuple[object, List[NDArray]]],
                     pulls: List[Tuple[object, List[NDArray]]]) -> "RoundTrips":

@@ -4,9 +4,11 @@ argv: OUT_DIR DEVICES_PER_RANK STEPS PER_DEVICE_BATCH [COMBOS]
 COMBOS: which trainings, e.g. "mlp:1,cnn:0" (model:update_on_kvstore); default all four.
 With parameter servers a process holds one store, so such jobs run one combo each.
 KVHYBRID_TEST_FUSED=1 trains with kvhybrid.DistributedTrainer (fused store calls).
-Every rank writes OUT_DIR/<model>-uok<0|1>-rank<r>.npz; rank 0 also writes the
-initial weights it started from (<model>-init.params) for the reference run.
+Every rank writes OUT_DIR/<model>-uok<0|1>-rank<r>.npz, and what its dense sums ran
+(``dense_stats``) to <model>-uok<0|1>-rank<r>-stats.json; rank 0 also writes the initial
+weights it started from (<model>-init.params) for the reference run.
 """
+import json
 import os
 import sys
 
@@ -42,6 +44,8 @@ for combo in combos.split(","):
     assert trainer._update_on_kvstore == uok, trainer._update_on_kvstore
     np.savez(os.path.join(out_dir, f"{model}-uok{int(uok)}-rank{rank}.npz"), **weights(net))
     stats = kv.dense_stats()
+    with open(os.path.join(out_dir, f"{model}-uok{int(uok)}-rank{rank}-stats.json"), "w") as f:
+        json.dump(stats, f)
     print(f"rank {rank} {model} update_on_kvstore={uok} loss {loss:.4f} "
           f"fused allreduces {stats['fused']} in place {stats['in_place']} "
           f"round trips on the engine {stats['round_trips']} "
