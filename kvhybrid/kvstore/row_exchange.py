@@ -34,7 +34,7 @@ from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently
                                        scatter_bytes, scatter_rows, sum_rows)
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.operators import copy
-from .agreement import digest, explain
+from .agreement import agree, digest, explain
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
 
@@ -325,38 +325,68 @@ class PullCheck:
     """One pull of prefetched rows, checked in a small allreduce: did every rank find its
     rows among them, and did every rank pull the same key? The communication thread makes
     it in its turn (collectives start in one order on every rank), waiting without
-    spinning; the ranks that had their rows go on at once, and read the verdict at their
-    next meeting (``SparsePath.settle_pulls``), where one that did not gets a plain pull
-    served. The wait is the communication thread's, not the caller's: the caller finds the
-    verdict made (it tested and slept for it, 0.07 ms of its CPU an NMT step)."""
+    spinning, and the ranks that had their rows go on at once. If some rank did not (an
+    evaluation batch) or its arguments were bad, the same job serves a plain pull there,
+    on every rank's communication thread: the ranks agree on the call (a bad argument
+    raises on every rank, nothing pushed), the master fetches the rows asked for and hands
+    them out (``rows``), and the rank that waits for them writes them. No caller's thread
+    waits for another rank's pull: an NMT step's push waited for the check in most steps
+    when the plain pull was served on the caller's threads, at their next meeting."""
 
-    def __init__(self, key: Key, build, work, signature: Optional[str], covered: bool):
-        self.key, self.build, self.work, self.signature = key, build, work, signature
+    def __init__(self, key: Key, work, signature: Optional[str], error: Optional[str],
+                 covered: bool):
+        #: the pull's checked work (None after a local error, whose text is ``error``)
+        self.key, self.work, self.signature, self.error = key, work, signature, error
         self.covered = covered
         tag = digest(("row_sparse_pull", key))
         self.flags = np.array([0 if covered else 1, tag, -tag], dtype=np.int64)
-        self.done = threading.Event()   # the allreduce completed: ``flags`` hold the verdict
+        self.done = threading.Event()   # the job completed: ``flags`` hold the verdict
+        #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
+        self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
 
-    def start(self, comm: EngineComm) -> None:
-        """Queue the allreduce on the communication thread (a group of one rank has its
-        verdict already: its own flags)."""
+    def start(self, comm: EngineComm, rows_group: Group, servers: Optional[ServerLink]) -> None:
+        """Queue the check and, where some rank needs it, the plain pull on the
+        communication thread: the rows travel over ``rows_group`` (a communicator of that
+        thread), through its master's ``servers``. A covered pull on a group of one rank
+        has its verdict already (its own flags); an uncovered one there takes the plain path
+        on its caller's thread instead (``SparsePath._pull_prefetched``)."""
         group = comm.group
-        if group.size == 1:
+        if group.size == 1 and self.covered:
             self.done.set()
             return
 
         def check() -> None:
-            allreduce_patiently(self.flags, "max", group,
-                                lambda: f"the ranks to check their prefetched rows of key "
-                                        f"{self.key!r}")
+            if group.size > 1:
+                allreduce_patiently(self.flags, "max", group,
+                                    lambda: f"the ranks to check their prefetched rows of key "
+                                            f"{self.key!r}")
+            if self.needs_plain_pull():
+                with servers.deferred(rows_group.watchdog) if servers is not None \
+                        else contextlib.nullcontext():
+                    self._serve(group, rows_group, servers)
             self.done.set()
 
         comm.enqueue(f"the check of the prefetched rows of key {self.key!r}", check)
+
+    def _serve(self, group: Group, rows_group: Group, servers: Optional[ServerLink]) -> None:
+        """The plain pull, on the communication thread: agreement (raises on every rank if a
+        rank's arguments were bad or the ranks pulled different keys), then each key's rows
+        through the master; a covered rank asks for none."""
+        agree(group, "row_sparse_pull", self.signature, self.error, f" of key {self.key!r}",
+              patient=True)
+        for k, slot, _, ids in self.work:
+            self.rows.append(fetch_rows_from_servers(k, slot, [] if self.covered else ids,
+                                                     rows_group, servers))
 
     def needs_plain_pull(self) -> bool:
         """After the allreduce: whether some rank needs the plain pull (the same answer on
         every rank)."""
         return bool(self.flags[0]) or self.flags[1] != -self.flags[2]
+
+    def write_rows(self) -> None:
+        """A served pull's rows into its outs (on the caller's thread, once ``done``)."""
+        for (_, slot, outs, ids), (mine, rows) in zip(self.work, self.rows):
+            write_rows(slot, outs, ids, mine, rows)
 
 
 def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],
@@ -435,9 +465,11 @@ def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -
                                       dtype=slot.dtype).copyto(o)
 
 
-def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
-                           group: Group, servers: Optional[ServerLink]) -> None:
-    """The master pulls the union of the group's ids once and hands each rank its rows."""
+def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: List[np.ndarray], group: Group,
+                            servers: Optional[ServerLink]) -> Tuple[np.ndarray, np.ndarray]:
+    """(this rank's sorted unique ids, their rows): the master pulls the union of the
+    group's ids once and hands each rank its rows (``ids``: each out's, none for a rank
+    that only takes part)."""
     mine = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
     gathered = gather_patiently([mine], group, root=0, name=f"the row ids of key {key!r}")
     parts = None
@@ -450,6 +482,19 @@ def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: Li
         parts = [table[np.searchsorted(union, w)] for w in wanted]
     rows = scatter_rows(parts, slot.shape[1:], slot.dtype, len(mine), group,
                         name=f"key {key!r}")
+    return mine, rows
+
+
+def write_rows(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray], mine: np.ndarray,
+               rows: np.ndarray) -> None:
+    """``fetch_rows_from_servers``'s rows into the outs (``ids``: each out's)."""
     for o, i in zip(outs, ids):
         part = rows[np.searchsorted(mine, i)]
         host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
+
+
+def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
+                           group: Group, servers: Optional[ServerLink]) -> None:
+    """The master pulls the union of the group's ids once and hands each rank its rows."""
+    mine, rows = fetch_rows_from_servers(key, slot, ids, group, servers)
+    write_rows(slot, outs, ids, mine, rows)

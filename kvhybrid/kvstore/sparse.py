@@ -71,7 +71,6 @@ class SparsePath:
         self._prefetch_ids: Dict[Key, Tuple[np.ndarray, Optional[np.ndarray]]] = {}
         self._prefetched: Dict[Key, rx.Prefetch] = {}        # on their way, for the next pull
         self._unsettled: Deque[rx.PullCheck] = collections.deque()   # see settle_pulls
-        self._settling = False
         #: where the communication thread hands prefetched rows out: the engine's group, or
         #: with host masters a duplicate of this rank's host group (its own communicator:
         #: the caller's thread meets the host on the other at the same time)
@@ -164,7 +163,7 @@ class SparsePath:
         if not keys or not all(self._prefetches_at_push(k) for k in keys) \
                 or len(set(keys)) != len(keys):   # (the checked path names a repeated key)
             return False
-        self.settle_pulls()   # (before this meeting: see settle_pulls)
+        self._forget_settled()   # (a check or a pull it serves runs on the same thread first)
         try:
             work, signature = signed()
             call = (None, str(signature))
@@ -377,9 +376,8 @@ class SparsePath:
             return
         self._plain_pull(key, build)
 
-    def _plain_pull(self, key, build, need_rows: bool = True) -> None:
-        """The pull through the master: agreement, the ids' gather, the rows' scatter.
-        ``need_rows`` False: this rank takes part for another rank, asking for no rows."""
+    def _plain_pull(self, key, build) -> None:
+        """The pull through the master: agreement, the ids' gather, the rows' scatter."""
         if not self.config.num_servers:  # every rank holds every row: nothing to agree on
             try:
                 work = build()[0]
@@ -388,8 +386,6 @@ class SparsePath:
         else:
             work = self.calls.check("row_sparse_pull", build, f" of key {key!r}")
         for k, slot, outs, ids in work:
-            if not need_rows:
-                outs, ids = [], []
             if slot.rows_on_servers:
                 rx.pull_rows_from_servers(k, slot, outs, ids, self.row_group, self.servers)
             else:
@@ -398,59 +394,43 @@ class SparsePath:
     def _pull_prefetched(self, key, build) -> None:
         """A pull of a key whose next rows were fetched ahead (``prefetch_rows``). If this
         rank's rows are among them it takes them and goes on, meeting no one: the ranks
-        check in a small allreduce, started by the communication thread and read at the next
-        meeting, that every rank had its rows (``PullCheck``).
-        A rank whose rows are not there (an evaluation batch) or whose arguments are bad
-        meets the others for a plain pull; they take part at their next call that meets the
-        group (``settle_pulls``), and a bad argument raises there, on every rank, before
-        anything changed."""
-        self.settle_pulls(wait=False)   # a rank may be waiting for this one to serve it
+        check in a small allreduce on the communication thread that every rank had its rows
+        (``PullCheck``). A rank whose rows are not there (an evaluation batch) or whose
+        arguments are bad waits while that job serves it a plain pull, every rank's
+        communication thread taking part as soon as every rank has made its pull; a bad
+        argument raises there, on every rank (at its next call of the store), before
+        anything is pushed."""
+        self._forget_settled()
         prefetch = self._prefetched[key]
         # the rows first: a push whose calls differed raises here, on every rank, before any
         # meeting (its verdict comes with them)
         self._wait_for_prefetch(prefetch)
         try:
             work, signature = build()
-            covered = all(rx.prefetch_holds(prefetch, ids) for *_, ids in work)
-        except KeyValueError:
-            work, signature, covered = None, None, False
-        check = rx.PullCheck(key, build, work, signature, covered)
-        check.start(self.engine)
+            error, covered = None, all(rx.prefetch_holds(prefetch, ids) for *_, ids in work)
+        except KeyValueError as exc:
+            work, signature, error, covered = None, None, str(exc), False
+        if not covered and self.engine.group.size == 1:   # no one to check with or to wait for
+            self._plain_pull(key, build)
+            return
+        check = rx.PullCheck(key, work, signature, error, covered)
+        check.start(self.engine, self.hand_out_group, self.servers)
         self._unsettled.append(check)
         if covered:
             for k, slot, outs, ids in work:
                 rx.rows_from_prefetch(prefetch, outs, ids, slot)
             return
-        self.settle_pulls()   # (this pull's check among them: it says the pull is served)
+        self._wait_for_check(check)   # (raises the job's error: a bad argument somewhere)
+        check.write_rows()
 
-    def settle_pulls(self, wait: bool = True) -> None:
-        """Serve, in order, the pulls some rank could not take from prefetched rows
-        (``_pull_prefetched``): every rank calls this before it meets the group on the
-        caller's thread, so every rank runs the same plain pulls in the same order, before
-        any later meeting. ``wait`` False: only the checks already decided; every prefetched
-        pull does this first, so that a rank waiting to be served is served at the others'
-        next pull (an evaluation loop that pulls but never pushes), not only at their next
-        meeting."""
-        if self._settling:   # (a served pull's own agreement)
-            return
-        self._settling = True
-        try:
-            while self._unsettled:
-                check = self._unsettled[0]
-                if wait:
-                    self._wait_for_check(check)
-                elif not check.done.is_set():
-                    return
-                self._unsettled.popleft()
-                if not check.needs_plain_pull():
-                    continue
-                if check.covered:   # take part, asking for no rows, under this rank's call
-                    self._plain_pull(check.key, lambda: (check.work, check.signature),
-                                     need_rows=False)
-                else:   # raises on every rank if some rank's arguments were bad
-                    self._plain_pull(check.key, check.build)
-        finally:
-            self._settling = False
+    def settle_pulls(self) -> None:
+        """Wait for the checks of the prefetched pulls made so far (``_pull_prefetched``),
+        and the plain pulls they served: before a meeting on the caller's thread, so that
+        whatever it sends the servers comes after them. Raises the error of a check that
+        failed (a rank's bad argument)."""
+        while self._unsettled:
+            self._wait_for_check(self._unsettled[0])
+            self._unsettled.popleft()
 
     def _wait_for_check(self, check: rx.PullCheck) -> None:
         if check.done.is_set():   # (the usual case: made while the step went on)
@@ -460,6 +440,11 @@ class SparsePath:
                 collective=False):
             while not check.done.wait(0.05):
                 self.engine.check()   # its thread failed: the check will not be made
+
+    def _forget_settled(self) -> None:
+        """Drop the checks made already (a loop of prefetched pulls that never meets)."""
+        while self._unsettled and self._unsettled[0].done.is_set():
+            self._unsettled.popleft()
 
     def prefetch_rows(self, key, row_ids) -> None:
         """Hand over the row ids the next forward pass will pull of ``key`` (see

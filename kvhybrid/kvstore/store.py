@@ -126,8 +126,8 @@ class HybridMPIStore(mx.kv.KVStore):
         self.dense = DensePath(self.config, self.mode, self.placement, self._slots, self._engine)
         self.sparse = SparsePath(self.config, self.mode, self.placement, self._slots,
                                  self.dense, self.calls, self._engine)
-        # a pull some rank could not take from prefetched rows is served at every rank's
-        # next meeting on the caller's thread
+        # a meeting on the caller's thread comes after the prefetched pulls' checks and the
+        # plain pulls they serve on the communication thread
         self.calls.before_meeting = self.sparse.settle_pulls
         self.clock = StepClock()
         ref = weakref.ref(self)
@@ -370,8 +370,8 @@ class HybridMPIStore(mx.kv.KVStore):
         ``row_sparse_pull`` of ``key`` takes them without meeting the other ranks (whether
         every rank had its rows is checked on the communication thread) and waits for no
         round trip. Values are those of the plain pull: the rows are asked for after that
-        push. A pull of other rows (an evaluation batch) takes the plain path, served by the
-        other ranks at their next meeting or prefetched pull (``SparsePath.settle_pulls``).
+        push. A pull of other rows (an evaluation batch) gets a plain pull, served on the
+        communication threads once every rank has made its pull (``PullCheck``).
         Only sparse weights on the servers take it (their pulls go through the master); for
         any other key (a table held by every rank, a dense weight, a key not initialised yet,
         which Gluon does at the first step) and a store without the engine path it does

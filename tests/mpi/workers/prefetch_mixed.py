@@ -1,10 +1,10 @@
 """Prefetched rows that cover one rank's pull and not the other's (an evaluation batch on
-rank 1): rank 0 takes its rows without meeting anyone, rank 1 waits in a plain pull that
-rank 0 serves at its next meeting (the push); both must see the values of the plain pull.
-Then, in a loop of pulls that never meets the group, rank 0 serves rank 1's missing rows at
-one of its pulls. Then rank 1's pull has a bad argument while rank 0's is covered: every
-rank must raise, rank 1 at its pull, rank 0 at its next call, and nothing may reach the
-servers.
+rank 1): rank 0 takes its rows without meeting anyone on its caller's thread, rank 1 waits
+while the communication threads serve it a plain pull; both must see the values of the
+plain pull. Then, in a loop of pulls that never meets the group, rank 0's communication
+thread serves rank 1's missing rows. Then rank 1's pull has a bad argument while rank 0's
+is covered: every rank must raise, rank 1 at its pull, rank 0 at a later call (its push or
+its barrier), and nothing may reach the servers.
 
 argv: OUT_DIR. Every rank writes OUT_DIR/mixed-rank{r}.json.
 """
@@ -30,7 +30,8 @@ def pull(ids, out=None):
 
 
 def meetings():
-    return kv.collectives()["group"]
+    counts = kv.collectives()
+    return counts["group"], counts["engine"]
 
 
 result = {}
@@ -40,8 +41,8 @@ kv.push("w", grad())                       # rows 0, 1, 10, 11 are -1 now; the r
 before = meetings()
 ids = [0, 1, 2] if rank == 0 else [1, 11, 5]     # rank 1's are not among the prefetched
 result["pulled"] = pull(ids)
-result["pull_meetings"] = meetings() - before
-kv.push("w", grad())                       # rank 0 serves rank 1's pull first
+result["pull_meetings"] = [after - was for after, was in zip(meetings(), before)]
+kv.push("w", grad())
 result["after"] = pull(list(range(20)))    # rows 0, 1, 10, 11 are -2 now
 
 # an evaluation loop that pulls and never meets the group: rank 1's first pull is not
@@ -83,6 +84,7 @@ try:
     else:
         pull([3, 4])
     kv.push("w", grad())
+    kv.barrier()   # (waits for the pulls' checks: raises the one that failed)
     result["raised"] = None
 except mx.base.MXNetError as exc:
     result.update(raised=type(exc).__name__, message=str(exc))
