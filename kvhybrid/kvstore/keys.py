@@ -148,7 +148,8 @@ def check_out(key: Key, value: Sequence[NDArray], out: Sequence[NDArray]) -> Non
     if len(out) != len(value):
         raise KeyValueError(f"out of key {key!r} has {len(out)} array(s) but value has "
                             f"{len(value)}: pass one out array per value array (one per device)")
-    for v, o in zip(value, out):
-        if o.shape != v.shape or o.dtype != v.dtype:
+    for v, o in zip(value, out):   # (another dtype is cast into, as a pull's outs)
+        if o.shape != v.shape or o.stype != v.stype:
             raise KeyValueError(f"out of key {key!r} has {spec(o)} but value has {spec(v)}: "
-                                "out arrays must match value arrays")
+                                "pass out arrays of the value's shape and storage (any dtype: "
+                                "the result is cast into it)")

@@ -171,11 +171,18 @@ class HybridMPIStore(mx.kv.KVStore):
         """The engine path's bucket size (0 when pushpull blocks instead)."""
         return self.dense.bucket_bytes
 
-    def is_capable(self, capability: str) -> bool:
+    @staticmethod
+    def is_capable(capability: str) -> bool:
+        """Whether the store takes ``capability`` (``'optimizer'``: it does); static, as
+        MXNet's ``KVStoreBase.is_capable``, so ``type(kv).is_capable(...)`` works too."""
         if capability.lower() == mx.kv.KVStoreBase.OPTIMIZER:
             return True
         raise ValueError(f"unknown capability {capability!r}: the only one is "
                          f"{mx.kv.KVStoreBase.OPTIMIZER!r}")
+
+    def __del__(self) -> None:
+        if getattr(self, "handle", None) is not None:   # (none when creation failed early)
+            super().__del__()
 
     def _open(self) -> None:
         if self._closed:
@@ -227,10 +234,11 @@ class HybridMPIStore(mx.kv.KVStore):
                                             "each key once")
                 else:
                     self.placement.check_new_on_servers(k)
-                for arr in o:
-                    if arr.shape != v[0].shape or arr.dtype != v[0].dtype:
+                for arr in o:   # (another dtype is cast into, as a pull's outs)
+                    if arr.shape != v[0].shape:
                         raise KeyValueError(f"out of key {k!r} has {spec(arr)} but value has "
-                                            f"{spec(v[0])}: out arrays must match value")
+                                            f"{spec(v[0])}: pass out arrays of the value's "
+                                            "shape (any dtype: the value is cast into it)")
             return list(zip(ps, outs)), "broadcast " + keys_text(ps)
 
         for (k, v), (_, o) in self.calls.check("broadcast", build, f" of key {key!r}"):
@@ -314,15 +322,32 @@ class HybridMPIStore(mx.kv.KVStore):
         holds the same copy and the pull is local; otherwise the servers may hold the value
         (in async mode newer than this group's copy), so the pull is a call every rank of
         the group makes. As in MXNet's stores, row_sparse arrays in ``out`` are skipped with
-        ``ignore_sparse`` (they take ``row_sparse_pull``) and refused without it."""
+        ``ignore_sparse`` (they take ``row_sparse_pull``); without it they get the whole
+        value, every row, as MXNet's local stores give it (its ``dist_sync`` refuses that)."""
         self._open()
+        self._pull_dense(key, out)   # (its checks, agreed: every rank raises a bad call)
+        for k, outs in [] if ignore_sparse else self._sparse_pull_outs(key, out):
+            every_row = mx.nd.arange(self._slots[k].shape[0], dtype="int64")
+            self.sparse.row_sparse_pull(k, outs, [every_row] * len(outs))
+
+    def _sparse_pull_outs(self, key, out) -> list:
+        """``[(key, row_sparse outs)]`` of a pull (checked by ``_pull_dense`` first)."""
+        found = []
+        for k, out_k in pairs(key, out, "out", sparse_ok=True):
+            rows = [o for o in out_k if o.stype == "row_sparse"]
+            if rows:
+                found.append((k, rows))
+        return found
+
+    def _pull_dense(self, key, out) -> None:
+        """``pull``'s dense outs (row_sparse ones skipped)."""
         if not self.config.num_servers:   # several client groups always have servers
-            for k, out_k in self._pull_pairs(key, out, ignore_sparse):
+            for k, out_k in self._pull_pairs(key, out):
                 copy_to_all(self._slots[k].value, out_k)
             return
 
         def build():
-            ps = self._pull_pairs(key, out, ignore_sparse)
+            ps = self._pull_pairs(key, out)
             return ps, f"pull {keys_text(ps)}"
 
         for k, out_k in self.calls.check("pull", build, f" of key {key!r}"):
@@ -337,19 +362,15 @@ class HybridMPIStore(mx.kv.KVStore):
                                 patient=True)
             copy_to_all(into, out_k)
 
-    def _pull_pairs(self, key, out, ignore_sparse: bool):
+    def _pull_pairs(self, key, out):
         """``[(key, dense outs)]`` of a pull, checked: an unknown key is named before its
-        ``out``; a key whose outs are all skipped row_sparse arrays is left out."""
+        ``out``; a key whose outs are all row_sparse arrays is left out."""
         if out is None:
             raise KeyValueError(f"pull of key {key!r} needs out=: the arrays to write into")
         kept = []
         for k, out_k in pairs(key, out, "out", sparse_ok=True):
             slot = lookup(self._slots, k)
             dense = [o for o in out_k if o.stype == "default"]
-            if len(dense) < len(out_k) and not ignore_sparse:
-                raise KeyValueError(f"pull of key {k!r} got a row_sparse out: fetch rows with "
-                                    f"row_sparse_pull({k!r}, out, row_ids=...), or pass "
-                                    "ignore_sparse=True to skip row_sparse outs")
             if dense:
                 check_pull_out(k, slot, dense)
                 kept.append((k, dense))

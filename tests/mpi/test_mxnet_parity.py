@@ -1,7 +1,8 @@
 """hybrid-mpi does what MXNet's own distributed kvstore test asks of dist_sync
 (tests/mpi/workers/mxnet_parity.py), in every launcher shape: float16 rows, pulls cast into
 the out's dtype, MXNet's test optimizer on the servers' row_sparse weights, 2bit gradient
-compression, MXNetError on bad calls, row_sparse outs skipped by pull; and every optimizer
+compression, MXNetError on bad calls, row_sparse outs skipped by pull (and
+filled with every row without ignore_sparse, as MXNet's local stores do); and every optimizer
 MXNet registers updates row_sparse weights on the servers as MXNet's own server does."""
 import json
 

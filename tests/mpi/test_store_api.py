@@ -15,6 +15,9 @@ CHECKS = [
     "push_with_optimizer_updates", "gradient_compression_after_push_refused", "row_sparse_pull_needs_row_sparse_out",
     "row_sparse_pull_of_a_dense_key",
     "trainer_by_type_string", "trainer_states_round_trip", "trainer_weights_equal_on_ranks",
+    "is_capable_is_static", "pull_without_ignore_sparse_gives_every_row",
+    "pull_without_ignore_sparse_of_key_lists", "pushpull_out_of_another_dtype_is_cast",
+    "broadcast_out_of_another_dtype_is_cast",
 ]
 
 

@@ -28,11 +28,17 @@ def val(arr):
     return arr.asnumpy().tolist()
 
 
+def total_of(ranks):
+    """1 + 2 + ... + ranks: what a pushpull of rank + 1 from every rank sums to."""
+    return ranks * (ranks + 1) / 2
+
+
 # identity
 check("type_is_distributed_sync", kv.type == "dist_sync_hybrid-mpi", kv.type)
 check("rank_and_num_workers", kv.num_workers == size and 0 <= kv.rank < size, (kv.rank, size))
 check("is_native_kvstore_subclass", isinstance(kv, mx.kv.KVStore), type(kv).__mro__)
 check("capable_of_optimizer", kv.is_capable("optimizer"))
+check("is_capable_is_static", type(kv).is_capable("optimizer") is True)   # (as MXNet's)
 check("create_by_type_round_trips", isinstance(mx.kv.create(kv.type), kvhybrid.HybridMPIStore))
 
 # init takes rank 0's value; pull copies it into any number of device arrays
@@ -70,6 +76,39 @@ check("broadcast_gives_rank0s", val(w) == [7.0] * 3, val(w))
 w2 = [mx.nd.full((3,), rank + 9), mx.nd.zeros((3,), ctx=mx.cpu(1))]
 kv.broadcast("w", w2[0], out=w2)
 check("broadcast_again_overwrites", all(val(x) == [9.0] * 3 for x in w2), [val(x) for x in w2])
+
+# MXNet's local stores' calls: a pull without ignore_sparse gives row_sparse outs every row
+# of the value (one key, and keys sharing the same outs); outs of another dtype are cast into
+devices = [mx.cpu(0), mx.cpu(1)]
+kv.init("rs", mx.nd.zeros((6, 2)).tostype("row_sparse"))
+kv.push("rs", [mx.nd.sparse.row_sparse_array((mx.nd.ones((1, 2)) * (d + 1), [d + rank]),
+                                              shape=(6, 2), ctx=dev)
+               for d, dev in enumerate(devices)])
+expected = np.zeros((6, 2))
+for r in range(size):
+    expected[r] += 1
+    expected[r + 1] += 2
+rsp_outs = [mx.nd.sparse.zeros("row_sparse", (6, 2), ctx=dev) for dev in devices]
+kv.pull("rs", out=rsp_outs, ignore_sparse=False)
+check("pull_without_ignore_sparse_gives_every_row",
+      all(o.stype == "row_sparse" and np.array_equal(o.asnumpy(), expected) for o in rsp_outs),
+      [val(o.tostype("default")) for o in rsp_outs])
+kv.init(["rs2", "rs3"], [mx.nd.zeros((6, 2)).tostype("row_sparse")] * 2)
+kv.push(["rs2", "rs3"], [[mx.nd.ones((6, 2), ctx=dev).tostype("row_sparse") for dev in devices]]
+        * 2)
+kv.pull(["rs2", "rs3"], out=[rsp_outs] * 2, ignore_sparse=False)
+check("pull_without_ignore_sparse_of_key_lists",
+      all(np.array_equal(o.asnumpy(), np.full((6, 2), 2.0 * size)) for o in rsp_outs),
+      [val(o.tostype("default")) for o in rsp_outs])
+kv.init(20, mx.nd.zeros((3,)))
+half = mx.nd.zeros((3,), dtype="float16")
+kv.pushpull(20, mx.nd.full((3,), rank + 1), out=half)
+check("pushpull_out_of_another_dtype_is_cast",
+      half.dtype == np.float16 and val(half) == [total_of(size)] * 3, (half.dtype, val(half)))
+wide = mx.nd.zeros((3,), dtype="float64")
+kv.broadcast(21, mx.nd.full((3,), rank + 7), out=wide)
+check("broadcast_out_of_another_dtype_is_cast", wide.dtype == np.float64 and val(wide) == [7.0] * 3,
+      (wide.dtype, val(wide)))
 
 # with an optimizer, push applies the update to the store's weights
 kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
