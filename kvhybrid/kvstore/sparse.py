@@ -376,6 +376,15 @@ class SparsePath:
             return
         self._plain_pull(key, build)
 
+    def pull_every_row(self, key, out) -> None:
+        """A ``pull``'s row_sparse outs (``ignore_sparse=False``; its dense outs were pulled
+        and the call checked): the whole value, a ``row_sparse_pull`` of every row."""
+        for k, outs in pairs(key, out, "out", sparse_ok=True):
+            rows = [o for o in outs if o.stype == "row_sparse"]
+            if rows:
+                every_row = mx.nd.arange(self.slots[k].shape[0], dtype="int64")
+                self.row_sparse_pull(k, rows, [every_row] * len(rows))
+
     def _plain_pull(self, key, build) -> None:
         """The pull through the master: agreement, the ids' gather, the rows' scatter."""
         if not self.config.num_servers:  # every rank holds every row: nothing to agree on

@@ -326,18 +326,8 @@ class HybridMPIStore(mx.kv.KVStore):
         value, every row, as MXNet's local stores give it (its ``dist_sync`` refuses that)."""
         self._open()
         self._pull_dense(key, out)   # (its checks, agreed: every rank raises a bad call)
-        for k, outs in [] if ignore_sparse else self._sparse_pull_outs(key, out):
-            every_row = mx.nd.arange(self._slots[k].shape[0], dtype="int64")
-            self.sparse.row_sparse_pull(k, outs, [every_row] * len(outs))
-
-    def _sparse_pull_outs(self, key, out) -> list:
-        """``[(key, row_sparse outs)]`` of a pull (checked by ``_pull_dense`` first)."""
-        found = []
-        for k, out_k in pairs(key, out, "out", sparse_ok=True):
-            rows = [o for o in out_k if o.stype == "row_sparse"]
-            if rows:
-                found.append((k, rows))
-        return found
+        if not ignore_sparse:
+            self.sparse.pull_every_row(key, out)
 
     def _pull_dense(self, key, out) -> None:
         """``pull``'s dense outs (row_sparse ones skipped)."""
