@@ -232,6 +232,21 @@ def test_a_prefetching_push_does_not_wait_for_a_late_master_and_pulls_updated_ro
         assert g["indices"] == [0, 1, 10, 11] and g["pulled"] == [[-1.0, -1.0]] * 4, g
 
 
+def test_a_prefetching_push_does_not_wait_for_another_ranks_late_pull(tmp_path):
+    """Rank 1 pulls its prefetched rows HOLD seconds late: rank 0's next push (which
+    prefetches) returns before rank 1 has even begun that pull, since the check that every
+    rank had its rows runs on the communication threads; both then pull the servers'
+    update of all three pushes."""
+    r = run_launcher(["-n", 2, "--servers", 1], "prefetch_late_pull.py", [tmp_path],
+                     timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    got = [json.load(open(tmp_path / f"late-pull-rank{rank}.json")) for rank in range(2)]
+    # an order, not a duration (the push used to wait for the check, hence for rank 1's pull)
+    assert got[0]["push_returned"] < got[1]["pull_started"], got
+    for g in got:   # ones, minus lr 1 × each push of rows 0 and 10 (rank 0), 1 and 11
+        assert g["pulled"] == [-1.0] * 4 and g["pulled_after"] == [-2.0] * 4, g
+
+
 def test_a_pull_the_prefetched_rows_miss_on_one_rank_is_served_on_the_communication_threads(
         tmp_path):
     """Rank 0's pull is among the prefetched rows, rank 1's is not: rank 0 goes on without
