@@ -149,7 +149,7 @@ def check_out(key: Key, value: Sequence[NDArray], out: Sequence[NDArray]) -> Non
         raise KeyValueError(f"out of key {key!r} has {len(out)} array(s) but value has "
                             f"{len(value)}: pass one out array per value array (one per device)")
     for v, o in zip(value, out):   # (another dtype is cast into, as a pull's outs)
-        if o.shape != v.shape or o.stype != v.stype:
+        if o.shape != v.shape:
             raise KeyValueError(f"out of key {key!r} has {spec(o)} but value has {spec(v)}: "
-                                "pass out arrays of the value's shape and storage (any dtype: "
-                                "the result is cast into it)")
+                                "pass out arrays of the value's shape (any dtype: the result "
+                                "is cast into it)")

@@ -351,15 +351,14 @@ class PullCheck:
         has its verdict already (its own flags); an uncovered one there takes the plain path
         on its caller's thread instead (``SparsePath._pull_prefetched``)."""
         group = comm.group
-        if group.size == 1 and self.covered:
+        if group.size == 1:
             self.done.set()
             return
 
         def check() -> None:
-            if group.size > 1:
-                allreduce_patiently(self.flags, "max", group,
-                                    lambda: f"the ranks to check their prefetched rows of key "
-                                            f"{self.key!r}")
+            allreduce_patiently(self.flags, "max", group,
+                                lambda: f"the ranks to check their prefetched rows of key "
+                                        f"{self.key!r}")
             if self.needs_plain_pull():
                 with servers.deferred(rows_group.watchdog) if servers is not None \
                         else contextlib.nullcontext():

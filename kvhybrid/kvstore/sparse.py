@@ -163,8 +163,7 @@ class SparsePath:
         if not keys or not all(self._prefetches_at_push(k) for k in keys) \
                 or len(set(keys)) != len(keys):   # (the checked path names a repeated key)
             return False
-        self._forget_settled()   # (a check or a pull it serves runs on the same thread first)
-        try:
+        try:   # (no settling first: a check, or a pull it serves, runs on the same thread first)
             work, signature = signed()
             call = (None, str(signature))
             pushes = [self._read_rows(k, self.slots[k], arrays, prefetching=True)

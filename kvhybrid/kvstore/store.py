@@ -111,10 +111,12 @@ class HybridMPIStore(mx.kv.KVStore):
     NAME = NAME
 
     def __init__(self, config: Optional[StoreConfig] = None):
+        # the handle first: a store whose creation fails below (outside an MPI job) is freed
+        # as any KVStore, with no traceback after its error
+        super().__init__(_native_local_handle())
         self.mode = self.MODE()
         self.config = self.mode.configure(config or StoreConfig.from_env())
         self.placement = Placement(self.config, self.mode, self.NAME)
-        super().__init__(_native_local_handle())
         self.mode.bind(self.placement)
         self._slots: Dict[Key, KeySlot] = {}
         #: the store's own optimizer (MXNet's Trainer reads it as ``_updater``, as it does
@@ -179,10 +181,6 @@ class HybridMPIStore(mx.kv.KVStore):
             return True
         raise ValueError(f"unknown capability {capability!r}: the only one is "
                          f"{mx.kv.KVStoreBase.OPTIMIZER!r}")
-
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) is not None:   # (none when creation failed early)
-            super().__del__()
 
     def _open(self) -> None:
         if self._closed:

@@ -51,7 +51,7 @@ def test_out_must_match_value_array_for_array():
     check_out(1, v, [mx.nd.zeros((2,)), mx.nd.zeros((2,))])
     with pytest.raises(KeyValueError, match="one out array per value array"):
         check_out(1, v, v[:1])
-    with pytest.raises(KeyValueError, match="out arrays of the value's shape and storage"):
+    with pytest.raises(KeyValueError, match="out arrays of the value's shape"):
         check_out(1, v, [mx.nd.zeros((2,)), mx.nd.zeros((3,))])
     # another dtype is cast into, as a pull's outs are
     check_out(1, v, [mx.nd.zeros((2,), dtype="float16"), mx.nd.zeros((2,), dtype="float64")])
