@@ -10,11 +10,12 @@ agreement runs again, on the engine's communication thread when the dense path r
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-import mxnet as mx
+from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError
@@ -35,8 +36,15 @@ def unrecorded(method):
     the model's graph, as with MXNet's own stores, which write from C++."""
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
-        with mx.autograd.pause():
+        # (mx.autograd.pause() without its scope object: the recording flag only, set and
+        # put back, 2 calls into MXNet where it makes 4; the train mode is not read here)
+        was = ctypes.c_int()
+        check_call(_LIB.MXAutogradSetIsRecording(0, ctypes.byref(was)))
+        try:
             return method(*args, **kwargs)
+        finally:
+            if was.value:
+                check_call(_LIB.MXAutogradSetIsRecording(1, ctypes.byref(was)))
     return wrapper
 
 

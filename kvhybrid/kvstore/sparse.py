@@ -43,6 +43,7 @@ from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ndarray_view import is_host, reads_row_ids_in_place
+from ..tensor_collectives.operators import copy
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.rows import local_ids
 from . import routing
@@ -71,6 +72,8 @@ class SparsePath:
         self._prefetch_ids: Dict[Key, Tuple[np.ndarray, Optional[np.ndarray]]] = {}
         self._prefetched: Dict[Key, rx.Prefetch] = {}        # on their way, for the next pull
         self._unsettled: Deque[rx.PullCheck] = collections.deque()   # see settle_pulls
+        #: per key, (out, slot, signature) of its last covered pull (``_pull_as_before``)
+        self._last_pull: Dict[Key, Optional[tuple]] = {}
         #: where the communication thread hands prefetched rows out: the engine's group, or
         #: with host masters a duplicate of this rank's host group (its own communicator:
         #: the caller's thread meets the host on the other at the same time)
@@ -348,6 +351,8 @@ class SparsePath:
 
         # a pull of the ids prefetch_rows was handed, in their order, skips their sort
         prefetch = self._prefetched.get(key) if is_key(key) else None
+        if prefetch is not None and self._pull_as_before(key, prefetch, out, row_ids):
+            return
 
         def build():   # (a prefetch's ids are known once its rows came: built after that)
             known = (prefetch.handed, prefetch.ids) if prefetch is not None \
@@ -374,6 +379,31 @@ class SparsePath:
             self._pull_prefetched(key, build)
             return
         self._plain_pull(key, build)
+
+    def _pull_as_before(self, key, prefetch: rx.Prefetch, out, row_ids) -> bool:
+        """A training loop's pull, in a few calls: the ids ``prefetch_rows`` was handed, in
+        their order, into the one out that passed ``_pull_prefetched``'s checks at this
+        key's last pull. Returns False, having done nothing, for any other pull (the full
+        path checks it). An NMT pull cost the caller's thread 120 us a pull through the
+        full path, 80 this way, against ``dist_sync``'s 35-40 (``benchmarks.caller_cpu``)."""
+        last = self._last_pull.get(key)
+        if isinstance(out, (list, tuple)):
+            out = out[0] if len(out) == 1 else None
+        if isinstance(row_ids, (list, tuple)):
+            row_ids = row_ids[0] if len(row_ids) == 1 else None
+        if (last is None or out is not last[0] or self.slots.get(key) is not last[1]
+                or prefetch.handed is None or not isinstance(row_ids, mx.nd.NDArray)):
+            return False
+        self._wait_for_prefetch(prefetch)   # (as the full path's first step)
+        if prefetch.array is None or not _holds(row_ids, prefetch.handed):
+            return False
+        slot, signature = last[1], last[2]
+        self._forget_settled()
+        check = rx.PullCheck(key, [(key, slot, [out], [prefetch.ids])], signature, None, True)
+        check.start(self.engine, self.hand_out_group, self.servers)
+        self._unsettled.append(check)
+        copy(prefetch.array, out)   # (the engine copies it; nothing writes it again)
+        return True
 
     def pull_every_row(self, key, out) -> None:
         """A ``pull``'s row_sparse outs (``ignore_sparse=False``; its dense outs were pulled
@@ -427,6 +457,8 @@ class SparsePath:
         if covered:
             for k, slot, outs, ids in work:
                 rx.rows_from_prefetch(prefetch, outs, ids, slot)
+            _, slot, outs, _ = work[0]   # (one key: a list of keys is never prefetched)
+            self._last_pull[key] = (outs[0], slot, signature) if len(outs) == 1 else None
             return
         self._wait_for_check(check)   # (raises the job's error: a bad argument somewhere)
         check.write_rows()
@@ -511,3 +543,11 @@ class SparsePath:
         self._unsettled.clear()
         self._prefetch_ids.clear()
         self._prefetched.clear()
+        self._last_pull.clear()
+
+
+def _holds(row_ids: mx.nd.NDArray, ids: np.ndarray) -> bool:
+    """Whether ``row_ids`` hold ``ids``, in their order (``rx.checked_row_ids`` would find
+    them equal; ids that are not whole numbers are left to it)."""
+    values = row_ids.asnumpy().reshape(-1)
+    return values.shape == ids.shape and bool((values == ids).all())

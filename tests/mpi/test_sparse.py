@@ -274,6 +274,23 @@ def test_a_pull_the_prefetched_rows_miss_on_one_rank_is_served_on_the_communicat
         assert got[rank]["requests_sent"] == 0, got[rank]
 
 
+def test_a_pull_into_the_same_out_takes_the_prefetched_rows_in_a_few_calls(tmp_path):
+    """Gluon pulls into the same row_sparse array every step: the pull of the handed ids
+    skips the full checks from the second step on, with the plain pull's values; other ids
+    in that out (the handed array rewritten in place) and another out take the full path,
+    also when the other rank takes the short one in the same step."""
+    r = run_launcher(["-n", 2, "--servers", 1], "prefetch_same_out.py", [tmp_path], timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    got = [json.load(open(tmp_path / f"same-out-rank{rank}.json")) for rank in range(2)]
+    for rank in range(2):
+        assert got[rank]["loop"] == [[-1, -1, 1], [-2, -2, 1], [-3, -3, 1]], got[rank]
+        assert got[rank]["full_path_in_loop"] == 1, got[rank]   # the first pull only
+        assert got[rank]["rewritten"] == [-4, -4, 1], got[rank]
+    assert got[0]["other_out"] == [-6, -6, 1] and got[1]["other_out"] == [-6, -6, 1], got
+    assert got[0]["uncovered"] == [-7, -7, 1] and got[1]["uncovered"] == [-7, -7, 1], got
+    assert got[0]["full_path_mixed"] == 0 and got[1]["full_path_mixed"] == 2, got
+
+
 @pytest.fixture(scope="module")
 def tables_job(tmp_path_factory):
     """Two SparseEmbedding tables, one group with a server, rows prefetched: through
