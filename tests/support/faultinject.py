@@ -117,11 +117,13 @@ class LaunchedJob:
             try:
                 p = psutil.Process(pid)
                 env = p.environ()
-                if "OMPI_COMM_WORLD_RANK" not in env or "python" not in p.name():
+                # Open MPI's rank variables, or Hydra's (MPICH, Intel MPI)
+                names = next((n for n in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                                          ("PMI_RANK", "PMI_SIZE")) if n[0] in env), None)
+                if names is None or "python" not in p.name():
                     continue
                 client = int(env.get("KVHYBRID_CLIENT_ID", "0"))
-                size = int(env["OMPI_COMM_WORLD_SIZE"])
-                if client * size + int(env["OMPI_COMM_WORLD_RANK"]) == rank:
+                if client * int(env[names[1]]) + int(env[names[0]]) == rank:
                     return p
             except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
                 continue
