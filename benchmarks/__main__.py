@@ -68,6 +68,10 @@ PLAN = [
     Benchmark("allreduce", "benchmarks.allreduce",
               ["--sizes-mb", "4", "64", "--rounds", "3", "--repeats", "5"],
               "dense sums of 4 and 64 MB against Open MPI, Horovod and the memory bound"),
+    Benchmark("allreduce_mpis", "benchmarks.allreduce_mpis",
+              ["--sizes-mb", "4", "64", "--ranks", "2", "4", "--rounds", "3"],
+              "the store's dense sums under Open MPI 4 and 5, MPICH and Intel MPI, against "
+              "each one's own Allreduce"),
     Benchmark("fusion", "benchmarks.fusion", ["--repeats", "20"],
               "200 small keys a step: key by key, fused, fused in one buffer"),
     Benchmark("sparse_pull", "benchmarks.sparse_pull", ["--workers", "4", "--repeats", "10"],
