@@ -8,10 +8,11 @@ that wheel would. The ssh transport's test is in test_ssh.py.
 """
 import pytest
 
-from tests.support.jobs import assert_every_worker_done, run_launcher
+from tests.support.jobs import run_launcher
 from tests.support.netns import TwoHosts, netns_available
 from tests.support.other_mpis import (INTEL_MPI, assert_a_dead_worker_ends_the_job,
-                                      assert_a_group_across_namespace_hosts_is_refused)
+                                      assert_a_group_across_namespace_hosts_is_refused,
+                                      assert_trains_as_one_process)
 
 pytestmark = INTEL_MPI.needed
 
@@ -23,17 +24,20 @@ def test_the_ranks_run_intel_mpi():
 def test_groups_and_servers_with_intel_mpi_train_as_one_process(tmp_path):
     """Two groups of 2 with 2 servers, a SparseEmbedding and dense layers: the weights
     equal one process trained on every worker's batch; the command lines are Hydra's."""
-    from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
     job = ["-n", 4, "--clients", 2, "--servers", 2]
-    r = run_launcher(job, "train_sparse.py", [tmp_path, 1, STEPS, PER_DEVICE, "weight"],
-                     timeout=240, env=INTEL_MPI.env())
-    assert r.returncode == 0, r.output[-4000:]
-    assert_matches_single_process(tmp_path, "weight", 4, 1)
+    assert_trains_as_one_process(INTEL_MPI, tmp_path, job)
     plan = run_launcher([*job, "--dry-run"], "lifecycle.py", ["ok"], timeout=120,
                         env=INTEL_MPI.env())
     assert plan.returncode == 0, plan.output[-3000:]
     client1 = next(line for line in plan.output.splitlines() if "client 1:" in line)
     assert f"{INTEL_MPI.mpirun} -np 2 -prepend-rank" in client1
+
+
+@pytest.mark.parametrize("shape", [["-n", 2], ["-n", 4, "--clients", 4, "--servers", 1]],
+                         ids=["pure-mpi", "pure-ps"])
+def test_the_other_shapes_with_intel_mpi_train_as_one_process(tmp_path, shape):
+    """Pure MPI (one group, no server) and pure PS (a group per worker)."""
+    assert_trains_as_one_process(INTEL_MPI, tmp_path, shape)
 
 
 def test_a_dead_worker_ends_an_intel_mpi_job_naming_it(tmp_path):
@@ -49,15 +53,13 @@ def test_intel_mpi_group_across_namespace_hosts_is_refused_before_anything_start
 
 @pytest.mark.skipif(not netns_available(),
                     reason="needs root and Linux network namespaces (ip netns add)")
-def test_intel_mpi_groups_one_per_namespace_host(tmp_path):
+def test_intel_mpi_groups_one_per_namespace_host_train_as_one_process(tmp_path):
     """A group on each of two namespace hosts (each group's mpirun runs inside its host),
-    servers on both: every rank sums across both hosts."""
+    servers on both: the weights equal one process trained on every worker's batch."""
     with TwoHosts() as hosts:
         hostfile = tmp_path / "hosts"
         hostfile.write_text("".join(f"{name} slots=2\n" for name in hosts.names))
-        r = run_launcher(["-n", 4, "--clients", 2, "--servers", 2, "--launcher", "netns",
-                          "--hostfile", hostfile], "lifecycle.py", ["ok"], timeout=180,
-                         env=INTEL_MPI.env())
-        assert r.returncode == 0, r.output[-4000:]
+        r = assert_trains_as_one_process(INTEL_MPI, tmp_path, [
+            "-n", 4, "--clients", 2, "--servers", 2, "--launcher", "netns", "--hostfile",
+            hostfile])
         assert f"client 1      {hosts.names[1]}:2" in r.output
-        assert_every_worker_done(r, 4)

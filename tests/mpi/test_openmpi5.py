@@ -9,9 +9,10 @@ would. The ssh transport's test is in test_ssh.py, beside Open MPI 4's and MPICH
 import pytest
 
 from tests.support.bare_path import SLURM, SSH, path_without
-from tests.support.jobs import assert_every_worker_done, run_launcher
+from tests.support.jobs import run_launcher
 from tests.support.netns import netns_available
-from tests.support.other_mpis import OPEN_MPI_5, assert_a_dead_worker_ends_the_job
+from tests.support.other_mpis import (OPEN_MPI_5, assert_a_dead_worker_ends_the_job,
+                                      assert_trains_as_one_process)
 
 pytestmark = OPEN_MPI_5.needed
 
@@ -24,12 +25,8 @@ def test_groups_and_servers_with_open_mpi_5_train_as_one_process(tmp_path):
     """Two groups of 2 with 2 servers on one machine, a SparseEmbedding and dense layers:
     the weights equal one process trained on every worker's batch; the command lines are
     PRRTE's (its session directory by --prtemca, no ORTE launcher)."""
-    from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
     job = ["-n", 4, "--clients", 2, "--servers", 2]
-    r = run_launcher(job, "train_sparse.py", [tmp_path, 1, STEPS, PER_DEVICE, "weight"],
-                     timeout=240, env=OPEN_MPI_5.env())
-    assert r.returncode == 0, r.output[-4000:]
-    assert_matches_single_process(tmp_path, "weight", 4, 1)
+    r = assert_trains_as_one_process(OPEN_MPI_5, tmp_path, job)
     assert "Error" not in r.output, r.output[-4000:]   # (no rank's UCX complaint)
     plan = run_launcher([*job, "--dry-run"], "lifecycle.py", ["ok"], timeout=120,
                         env=OPEN_MPI_5.env())
@@ -40,22 +37,28 @@ def test_groups_and_servers_with_open_mpi_5_train_as_one_process(tmp_path):
     assert "plm" not in client1
 
 
+@pytest.mark.parametrize("shape", [["-n", 2], ["-n", 4, "--clients", 4, "--servers", 1]],
+                         ids=["pure-mpi", "pure-ps"])
+def test_the_other_shapes_with_open_mpi_5_train_as_one_process(tmp_path, shape):
+    """Pure MPI (one group, no server) and pure PS (a group per worker)."""
+    assert_trains_as_one_process(OPEN_MPI_5, tmp_path, shape)
+
+
 @pytest.mark.skipif(not netns_available(),
                     reason="needs root and Linux network namespaces (ip netns add)")
-def test_a_group_spanning_emulated_hosts_with_open_mpi_5_and_no_ssh(tmp_path):
+def test_a_group_spanning_emulated_hosts_with_open_mpi_5_and_no_ssh_trains_as_one_process(
+        tmp_path):
     """One group across two namespace hosts (PRRTE starts its daemon on the second through
     the launcher's rsh agent), a server on each, on a machine with neither ssh nor srun:
-    every rank sums across both hosts."""
+    the weights equal one process trained on every worker's batch."""
     from benchmarks.cluster import EmulatedCluster
     bare = path_without(tmp_path / "bin", [SSH, SLURM])
     with EmulatedCluster(hosts=2, rate="1gbit") as cluster:
         hostfile = cluster.hostfile(tmp_path / "hosts", slots=2)
-        r = run_launcher(["-n", 4, "--clients", 1, "--servers", 2, "--launcher", "netns",
-                          "--hostfile", hostfile], "lifecycle.py", ["ok"], timeout=180,
-                         env=OPEN_MPI_5.env(bare))
-        assert r.returncode == 0, r.output[-4000:]
+        r = assert_trains_as_one_process(
+            OPEN_MPI_5, tmp_path, ["-n", 4, "--clients", 1, "--servers", 2, "--launcher",
+                                   "netns", "--hostfile", hostfile], env=OPEN_MPI_5.env(bare))
         assert f"client 0      {cluster.names[0]}:2,{cluster.names[1]}:2" in r.output
-        assert_every_worker_done(r, 4)
         plan = run_launcher(["-n", 4, "--clients", 1, "--servers", 2, "--launcher", "netns",
                              "--hostfile", hostfile, "--dry-run"], "lifecycle.py", ["ok"],
                             timeout=120, env=OPEN_MPI_5.env(bare))

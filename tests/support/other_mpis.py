@@ -97,3 +97,15 @@ def assert_a_group_across_namespace_hosts_is_refused(mpi: OtherMpi, tmp_path,
     assert f"is {named}: --launcher netns runs a client group across namespaces with Open " \
            "MPI's rsh agent only" in r.output
     assert "started" not in r.output
+
+
+def assert_trains_as_one_process(mpi: OtherMpi, tmp_path, launch: list, env=None):
+    """train_sparse.py (dense layers and a SparseEmbedding) launched with ``launch`` under
+    ``mpi`` (``env``: its environment, default ``mpi.env()``): every rank's weights equal
+    one process trained on every worker's batch. Returns the launcher's result."""
+    from tests.mpi.test_sparse import PER_DEVICE, STEPS, assert_matches_single_process
+    r = run_launcher(launch, "train_sparse.py", [tmp_path, 1, STEPS, PER_DEVICE, "weight"],
+                     timeout=240, env=env or mpi.env())
+    assert r.returncode == 0, r.output[-4000:]
+    assert_matches_single_process(tmp_path, "weight", launch[1], 1)
+    return r
