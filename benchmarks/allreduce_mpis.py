@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .allreduce import MB, _measure, _plain_env, _zeros_view, worker_mpi
-from .common import footer, run_job, save_worker_result
+from .common import footer, run_job, save_worker_result, write_outputs
 
 log = logging.getLogger("benchmarks")
 
@@ -181,12 +181,9 @@ def main(argv=None) -> None:
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     results = measure(args)
-    table = report(results, args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "allreduce_mpis.md").write_text(table)
-    (out / "allreduce_mpis.json").write_text(json.dumps(results))
-    print(table)
+    # (no plot: a table says it, and docs/benchmarks keeps to 40 files)
+    write_outputs(args.out, "allreduce_mpis", report(results, args), results,
+                  plot=lambda *_: None)
 
 
 if __name__ == "__main__":

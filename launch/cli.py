@@ -216,7 +216,7 @@ class Job:
         mpi = implementation(self.mpirun)
         check_supported(mpi, self.mpirun)
         check_transport(mpi, self.mpirun, plan)
-        self.mpi, self.mpi_kind = mpi, mpi.kind
+        self.mpi = mpi
         self.base_env = job_env({})
         if plan.num_servers:
             # the servers unpickle only commands signed with it (kvstore/ps/auth.py); it travels
@@ -309,23 +309,23 @@ class Job:
                 or (self.transport == "netns" and len(c.ranks) > 1):
             hosts = ",".join(f"{h}:{k}" for h, k in c.ranks)
         extra = list(self.mpi_args)
-        if self.transport == "netns" and len(c.ranks) > 1 and self.mpi_kind == "openmpi":
+        if self.transport == "netns" and len(c.ranks) > 1 and self.mpi.kind == "openmpi":
             extra = netns_mpi_args(self.mpi) + extra
         if self.transport == "local" and len(self.plan.spec.hosts) == 1 \
-                and self.mpi_kind == "openmpi":
+                and self.mpi.kind == "openmpi":
             extra = one_machine_mpi_args(self.mpi_args, self.base_env) + extra
         if hosts is None and self.transport in ("local", "netns") \
-                and self.mpi_kind == "openmpi":
+                and self.mpi.kind == "openmpi":
             extra = own_host_mpi_args(self.mpi, self.mpi_args, self.base_env) + extra
         if self.transport == "slurm":
             extra = slurm.mpirun_args(self.mpi) + extra
-        if self.mpi_kind == "openmpi" and len(self.plan.clients) > 1:
+        if self.mpi.kind == "openmpi" and len(self.plan.clients) > 1:
             # mpiruns started together race to create the same session directory in /tmp
             # ("mkdir ... File exists"): give each group its own.
             extra = runtime_setting(self.mpi, "orte_tmpdir_base",
                                     os.path.join(self.tmpdir, f"client{c.client}")) + extra
         hostfile = None
-        if hosts is not None and self.mpi_kind == "intel":
+        if hosts is not None and self.mpi.kind == "intel":
             # Intel MPI's -hosts takes names only ("a:2" would be a host of that name); its
             # machine file takes each host's count
             hostfile = os.path.join(self.tmpdir, f"client{c.client}.hosts")
@@ -334,7 +334,7 @@ class Job:
             hosts = None
         cmd = build_command(MpiJob(c.size, self.command, hosts, hostfile, extra_args=extra,
                                    crowded=self._crowded(c.master_host), tune_mpi=self.tune_mpi),
-                            self.mpirun, self.mpi_kind, full)
+                            self.mpirun, self.mpi.kind, full)
         if self.transport == "netns":  # the group's mpirun runs inside its host's namespace
             cmd = wrap("netns", c.master_host, cmd, env, self.base_env)
         return cmd, full

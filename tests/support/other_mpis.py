@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -48,16 +49,18 @@ class OtherMpi:
                                    f"{os.environ.get('LD_LIBRARY_PATH', '')}"}
 
 
-    def libraries(self, *mpirun_args: str) -> str:
-        """What MPI library each of 2 ranks started by this MPI's mpirun loads, one line
-        each (mpi4py's ``Get_library_version``, its first line)."""
+    def libraries(self, folder: Path, *mpirun_args: str) -> List[str]:
+        """What MPI library each of 2 ranks started by this MPI's mpirun loads (mpi4py's
+        ``Get_library_version``, its first line), each rank's written to a file in
+        ``folder`` (mpirun's forwarding may run the ranks' output lines together)."""
+        code = ("import sys; from mpi4py import MPI; "
+                "open(f'{sys.argv[1]}/rank{MPI.COMM_WORLD.rank}', 'w')"
+                ".write(MPI.Get_library_version().splitlines()[0])")
         r = subprocess.run([str(self.mpirun), *mpirun_args, "-np", "2", sys.executable, "-c",
-                            "from mpi4py import MPI; "
-                            "print(MPI.Get_library_version().splitlines()[0])"],
-                           capture_output=True, text=True, timeout=120,
+                            code, str(folder)], capture_output=True, text=True, timeout=120,
                            env={**os.environ, **self.env()})
         assert r.returncode == 0, r.stdout + r.stderr
-        return r.stdout
+        return [(Path(folder) / f"rank{rank}").read_text() for rank in range(2)]
 
 
 MPICH = OtherMpi("MPICH", "mpich", "mpich==5.0.2")
