@@ -1,27 +1,34 @@
 """Partition-count benchmark: the tuner's P against a brute-force sweep (Parallax Table 5).
 
     python -m benchmarks.partitions --workers 4 --servers 2
+    python -m benchmarks.partitions --hosts 2 --rate 100mbit --name partitions_100mbit
 
 Runs ``examples/train_sparse_bow.py`` (a 200,000 × 64 SparseEmbedding looked up with
 Zipf word ids, plus dense layers) through ``kvhybrid-launch`` at every P of ``--sweep``
 (``--rounds`` times each, in turn), then once more as ``kvhybrid-launch
 --tune-partitions`` with an empty cache, and compares the throughput at the tuner's P
 with the best of the sweep. Step time: rank 0's median after 3 warm-up steps
-(``KVHYBRID_STATS_FILE``). Writes ``partitions.{md,json,png}`` into ``--out``.
+(``KVHYBRID_STATS_FILE``). Writes ``NAME.{md,json,png}`` and ``NAME_tuning.{md,png}``
+(``--name``, default ``partitions``) into ``--out``. ``--hosts N --rate R`` runs every job on
+N emulated hosts (``benchmarks/cluster.py``), a server per host unless ``--servers`` says
+otherwise: where the servers' links, not the cores, decide the best P.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, List
 
+from .cluster import EmulatedCluster, setting_name
 from .common import footer, run_job, save_figure, write_outputs
 
 log = logging.getLogger("benchmarks")
@@ -32,7 +39,7 @@ MODEL = ROOT / "examples" / "train_sparse_bow.py"
 
 def _launch(args, extra: List[str]) -> List[str]:
     return [sys.executable, "-m", "kvhybrid.launch.cli", "-n", str(args.workers), "--servers",
-            str(args.servers), *extra, "python", str(MODEL), "--steps", str(args.steps),
+            str(args.servers), *args.launcher_args, *extra, "python", str(MODEL), "--steps", str(args.steps),
             "--batch-size", str(args.batch_size)]
 
 
@@ -66,10 +73,11 @@ def tuner(args, tmp: str) -> dict:
     # the launcher's page and plot, the page ending as every benchmark's does
     page = (report_dir / "partitions_tuning.md").read_text()
     out = Path(args.out)
-    title = "# The partition tuner's samples and fit (`kvhybrid-launch --tune-partitions`)"
-    (out / "partitions_tuning.md").write_text("\n".join([title, "", page, *footer("partitions")])
-                                              + "\n")
-    shutil.copyfile(report_dir / "partitions_tuning.png", out / "partitions_tuning.png")
+    title = ("# The partition tuner's samples and fit (`kvhybrid-launch --tune-partitions`), "
+             + setting_name(args.hosts, args.rate, args.workers, args.delay))
+    (out / f"{args.name}_tuning.md").write_text(
+        "\n".join([title, "", page, *footer("partitions")]) + "\n")
+    shutil.copyfile(report_dir / "partitions_tuning.png", out / f"{args.name}_tuning.png")
     (entry,) = json.loads(Path(cache, "partitions.json").read_text()).values()
     return entry
 
@@ -79,10 +87,11 @@ def report(result: dict, args) -> str:
     words = args.batch_size * 32 * args.workers
     best = min(med, key=med.get)
     chosen = result["tuner"]["partitions"]
-    lines = ["# Partition count: the tuner against a brute-force sweep", "",
+    where = setting_name(args.hosts, args.rate, args.workers, args.delay)
+    lines = [f"# Partition count: the tuner against a brute-force sweep, {where}", "",
              f"`examples/train_sparse_bow.py` (SparseEmbedding 200,000 × 64, Zipf(1.2) ids, "
              f"{args.batch_size} samples × 32 words per rank and step) on {args.workers} workers "
-             f"and {args.servers} servers, {args.steps} steps per job; median ms per step after "
+             f"and {args.servers} servers ({where}), {args.steps} steps per job; median ms per step after "
              f"3 warm-up steps, median over {args.rounds} jobs per P.", "",
              "| P | ms per step | words/s | vs best |", "|---|---|---|---|"]
     for p in sorted(med):
@@ -134,24 +143,48 @@ def plot(result: dict, path: Path) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--servers", type=int, help="default: one per --hosts, else 2")
     p.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16])
     p.add_argument("--rounds", type=int, default=2, help="jobs per P of the sweep")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--timeout", type=float, default=300, help="seconds per job")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="emulate this many hosts (network namespaces, root only) joined by "
+                        "links of --rate; 0: everything on loopback")
+    p.add_argument("--rate", default="1gbit", help="emulated link bandwidth (tc tbf rate)")
+    p.add_argument("--delay", help="emulated link latency each way (tc netem delay), e.g. 100us")
     p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--name", default="partitions",
+                   help="file names: NAME.{md,json,png}, NAME_tuning.{md,png}")
     args = p.parse_args(argv)
+    if args.hosts < 0 or (args.hosts and args.workers % args.hosts):
+        p.error(f"--hosts must be 0 (loopback) or divide --workers {args.workers}, got "
+                f"{args.hosts}")
+    if args.hosts and os.geteuid() != 0:
+        p.error("--hosts needs root: the emulated hosts are network namespaces (run as root, "
+                "or leave --hosts out to run on loopback)")
+    if args.servers is None:
+        args.servers = args.hosts or 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # SIGTERM unwinds like Ctrl-C: the running job is stopped, the emulated hosts deleted
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="kvhybrid-partitions-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvhybrid-partitions-") as tmp, \
+            contextlib.ExitStack() as stack:
+        args.launcher_args = []
+        if args.hosts:   # deleted on exit, on an exception and on SIGTERM
+            cluster = stack.enter_context(EmulatedCluster(args.hosts, args.rate, args.delay))
+            hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // args.hosts)
+            args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
         result = {"sweep": sweep(args, tmp), "tuner": tuner(args, tmp)}
         chosen = result["tuner"]["partitions"]
         if chosen not in result["sweep"]:   # the fit may land between swept settings
             args.sweep = [chosen]
             result["sweep"].update(sweep(args, tmp))
     result["sweep"] = {str(k): v for k, v in result["sweep"].items()}
-    write_outputs(args.out, "partitions", report(result, args), result, plot)
+    result["where"] = setting_name(args.hosts, args.rate, args.workers, args.delay)
+    write_outputs(args.out, args.name, report(result, args), result, plot)
 
 
 if __name__ == "__main__":

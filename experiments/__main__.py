@@ -3,12 +3,15 @@
     python -m experiments                        # both tasks, all six modes
     python -m experiments --tasks digits --modes mpi-SGD dist-SGD --epochs 5
     python -m experiments --hosts 2 --workers 8 --rate 1gbit   # on 2 emulated hosts (root)
+    python -m experiments --hosts 2 --rate 100mbit --rounds 3  # timed: 3 rounds, order alternated
 
 For each task and mode it runs ``kvhybrid-launch ... python -m experiments.worker``
 (a scheduler, the servers, one ``mpirun`` per client), then writes into ``--out``:
 ``<task>.csv`` (validation after every epoch), ``<task>.png`` (accuracy against wall time
 and epochs, mean epoch time), ``experiments.md`` (the tables, the answers to §7's
-questions, the command) and ``experiments.json``.
+questions, the command) and ``experiments.json``. With ``--rounds N`` every mode runs N times,
+the modes' order reversed every other round: the tables give the median round's curve and the
+median of each figure with its range, the answers the median of the rounds' ratios.
 
 ``--hosts N`` runs every job on N emulated hosts (``benchmarks/cluster.py``: network
 namespaces joined by links of ``--rate``), the workers spread evenly over them, a client
@@ -71,6 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "links of --rate; 0: everything on loopback")
     p.add_argument("--rate", default="1gbit", help="emulated link bandwidth (tc tbf rate)")
     p.add_argument("--delay", help="emulated link latency each way (tc netem delay), e.g. 100us")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of every mode, the modes' order reversed every other round: "
+                        "the tables give medians and ranges (default: %(default)s)")
     p.add_argument("--out", default="docs/experiments")
     p.add_argument("--timeout", type=float, default=1200, help="seconds per run")
     p.add_argument("--replot", action="store_true",
@@ -105,6 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                 "needs parameter servers")
     if args.interval < 1:
         p.error("--interval must be at least 1 step")
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     args.epochs = _epochs(p, args.epochs or [])
     if args.alpha is not None and not 0 < args.alpha < 1:
         p.error(f"--alpha must lie strictly between 0 and 1, got {args.alpha}")
@@ -165,8 +173,11 @@ def main(argv=None) -> int:
         return replot(out)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(t, m) for t in args.tasks for m in args.modes]
-    results: Dict[str, Dict[str, Dict]] = {t: {} for t in args.tasks}
+    jobs = [(r, t, m) for r in range(args.rounds) for t in args.tasks
+            for m in (args.modes if r % 2 == 0 else args.modes[::-1])]
+    # every round's run of every mode: combined into the median round's after the loop
+    runs_of: Dict[str, Dict[str, List[Dict]]] = {t: {m: [] for m in args.modes}
+                                                  for t in args.tasks}
     shapes = {m: f"{args.workers} × {MODES[m].clients(args.workers, args.clients)}"
               for m in args.modes}
     where = setting_name(args.hosts, args.rate, args.workers, args.delay)
@@ -178,39 +189,49 @@ def main(argv=None) -> int:
             cluster = stack.enter_context(EmulatedCluster(args.hosts, args.rate, args.delay))
             hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // args.hosts)
             args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
-        for n, (task, name) in enumerate(jobs, 1):
-            mode, folder = MODES[name], Path(tmp) / f"{task}-{name}"
+        for n, (round_, task, name) in enumerate(jobs, 1):
+            mode, folder = MODES[name], Path(tmp) / f"{task}-{name}-{round_}"
             folder.mkdir()
-            log.info("[%d/%d] %s under %s (%s on %s), %s: %d workers, %d client(s), "
-                     "%d server(s) ...", n, len(jobs), task, name, mode.store,
+            log.info("[%d/%d] %s%s under %s (%s on %s), %s: %d workers, %d client(s), "
+                     "%d server(s) ...", n, len(jobs), task,
+                     f", round {round_ + 1} of {args.rounds}," if args.rounds > 1 else "",
+                     name, mode.store,
                      "MXNet" if "dist_" in mode.store else "kvhybrid", where, args.workers,
                      mode.clients(args.workers, args.clients), args.servers)
             try:
                 seconds = run_mode(args, task, mode, folder)
-                run = results[task][name] = report.load_run(folder)
+                run = report.load_run(folder)
             except (RuntimeError, FileNotFoundError) as exc:
                 log.error("[%d/%d] %s", n, len(jobs), exc)
-                failures.append(f"{task} {name}")
+                failures.append(f"{task} {name}" + (f" (round {round_ + 1})"
+                                                     if args.rounds > 1 else ""))
                 continue
+            run["round"] = round_
+            runs_of[task][name].append(run)
             last = run["validation"][-1]
             log.info("[%d/%d] done in %.0f s: accuracy %.4f, mean epoch %.3f s", n, len(jobs),
                      seconds, last["accuracy"], run["mean_epoch_seconds"])
+    target = {t: DEFAULTS[t]["target"] for t in args.tasks}
+    results = {t: {m: report.combine(runs, target[t]) for m, runs in modes.items() if runs}
+               for t, modes in runs_of.items()}
+    rounds = (f"{args.rounds} rounds, the modes' order reversed every other round: the median "
+              "round's curve, each figure's median (range) over the rounds. "
+              if args.rounds > 1 else "")
     md = ["# MXNET-MPI §7: six training modes", "",
           f"{args.workers} workers, {where}; mpi-* modes in {args.clients} client groups, "
           f"dist-* modes a client per worker; {args.servers} parameter server(s). ESGD: center "
           f"exchange every {args.interval} steps, alpha {args.alpha or '0.9 / clients'}. "
-          "Validation after every epoch on rank 0's own weights; wall time is training time, "
+          + rounds + "Validation after every epoch on rank 0's own weights; wall time is training time, "
           "validation excluded; mean epoch time averages every worker's epochs after the first "
           f"{report.WARMUP_EPOCHS}.", ""]
     answers = []
     for task, runs in results.items():
         if not runs:
             continue
-        target = DEFAULTS[task]["target"]
         report.write_csv(out / f"{task}.csv", task, runs)
-        md += [report.table(task, runs, shapes, target, TASKS[task]().perplexity),
+        md += [report.table(task, runs, shapes, target[task], TASKS[task]().perplexity),
                f"![{task}]({task}.png)", ""]
-        answers += report.findings(task, runs, target)
+        answers += report.findings(task, runs, target[task])
     md += ["## Answers", ""] + [f"- {a}" for a in answers] + [""]
     md += [f"Command: `python -m experiments {shlex.join(sys.argv[1:])}`", provenance()]
     (out / "experiments.md").write_text("\n".join(md) + "\n")

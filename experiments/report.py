@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -34,6 +35,59 @@ def reached(run: Dict, target: float) -> Optional[Dict]:
     return next((v for v in run["validation"] if v["accuracy"] >= target), None)
 
 
+def combine(runs: Sequence[Dict], target: float) -> Dict:
+    """One mode's rounds as one run: the median round's (by mean epoch time; its curve is the
+    one drawn), with every round's figures under ``"rounds"`` for medians and ranges."""
+    order = sorted(runs, key=lambda r: r["mean_epoch_seconds"])
+    median = dict(order[(len(order) - 1) // 2])
+    median["rounds"] = []
+    for i, run in enumerate(runs):
+        hit = reached(run, target)
+        median["rounds"].append({"round": run.get("round", i),
+                                 "mean_epoch_seconds": run["mean_epoch_seconds"],
+                                 "target_seconds": hit["train_seconds"] if hit else None,
+                                 "final_accuracy": run["validation"][-1]["accuracy"]})
+    return median
+
+
+def spread(values: Sequence[float], digits: int) -> str:
+    """``median (min–max)``, or the one value."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return (f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–"
+            f"{max(values):.{digits}f})")
+
+
+def mean_epochs(run: Dict) -> List[float]:
+    return [r["mean_epoch_seconds"] for r in run.get("rounds") or [run]]
+
+
+def target_times(run: Dict, target: float) -> List[Optional[float]]:
+    """Each round's training seconds to ``target`` (None where it was not reached)."""
+    if run.get("rounds"):
+        return [r["target_seconds"] for r in run["rounds"]]
+    hit = reached(run, target)
+    return [hit["train_seconds"] if hit else None]
+
+
+def time_to_target(run: Dict, target: float) -> Optional[float]:
+    """The median over the rounds, a round that missed counted as never (None when at least
+    half of them missed)."""
+    middle = statistics.median(float("inf") if t is None else t
+                               for t in target_times(run, target))
+    return None if middle == float("inf") else middle
+
+
+def round_ratios(slow: Dict, fast: Dict) -> List[float]:
+    """``slow``'s mean epoch ÷ ``fast``'s, round by round (the runs of one round ran side by
+    side)."""
+    a = {r["round"]: r["mean_epoch_seconds"] for r in slow.get("rounds") or
+         [{"round": 0, "mean_epoch_seconds": slow["mean_epoch_seconds"]}]}
+    b = {r["round"]: r["mean_epoch_seconds"] for r in fast.get("rounds") or
+         [{"round": 0, "mean_epoch_seconds": fast["mean_epoch_seconds"]}]}
+    return [a[k] / b[k] for k in sorted(a) if k in b]
+
+
 def write_csv(path: Path, task: str, runs: Dict[str, Dict]) -> None:
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
@@ -55,11 +109,14 @@ def table(task: str, runs: Dict[str, Dict], shapes: Dict[str, str], target: floa
              "|---|---|---:|---:|" + ("---:|" if perplexity else "") + "---:|---:|"]
     for mode, run in runs.items():
         last, hit = run["validation"][-1], reached(run, target)
-        lines.append(f"| {mode} | {shapes[mode]} | {run['mean_epoch_seconds']:.3f} | "
+        times = target_times(run, target)
+        got = [t for t in times if t is not None]
+        when = "not reached" if not got else spread(got, 1) + (
+            f", {len(got)} of {len(times)} rounds" if len(got) < len(times) else "")
+        lines.append(f"| {mode} | {shapes[mode]} | {spread(mean_epochs(run), 3)} | "
                      f"{last['accuracy']:.4f} |"
                      + (f" {last['perplexity']:.2f} |" if perplexity else "")
-                     + (f" {hit['train_seconds']:.1f} | {hit['epoch']} |" if hit
-                        else " not reached | - |"))
+                     + f" {when} | {hit['epoch'] if hit else '-'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -68,21 +125,23 @@ def findings(task: str, runs: Dict[str, Dict], target: float) -> List[str]:
     out = []
     sgd, dist = runs.get("mpi-SGD"), runs.get("dist-SGD")
     if sgd and dist:
-        ratio = dist["mean_epoch_seconds"] / sgd["mean_epoch_seconds"]
-        out.append(f"{task}: mpi-SGD's mean epoch is {sgd['mean_epoch_seconds']:.3f} s, "
-                   f"dist-SGD's {dist['mean_epoch_seconds']:.3f} s: mpi-SGD is "
-                   f"{'faster' if ratio > 1 else 'slower'} ({ratio:.2f}x dist-SGD's speed).")
+        ratios = round_ratios(dist, sgd)
+        ratio = statistics.median(ratios)
+        over = ", the rounds' median (range)" if len(ratios) > 1 else ""
+        out.append(f"{task}: mpi-SGD's mean epoch is {statistics.median(mean_epochs(sgd)):.3f} s, "
+                   f"dist-SGD's {statistics.median(mean_epochs(dist)):.3f} s: mpi-SGD is "
+                   f"{'faster' if ratio > 1 else 'slower'} ({spread(ratios, 2)}x dist-SGD's "
+                   f"speed{over}).")
     esgd = runs.get("mpi-ESGD")
     if esgd:
-        hit = reached(esgd, target)
-        mine = f"{hit['train_seconds']:.1f} s" if hit else "never (in this run)"
+        mine_s = time_to_target(esgd, target)
+        mine = f"{mine_s:.1f} s" if mine_s is not None else "never (in this run)"
         parts = []
         for other in ("dist-SGD", "dist-ESGD"):
             if other in runs:
-                theirs = reached(runs[other], target)
-                faster = hit is not None and (theirs is None or
-                                              hit["train_seconds"] < theirs["train_seconds"])
-                parts.append(f"{other} {theirs['train_seconds']:.1f} s" if theirs else
+                theirs = time_to_target(runs[other], target)
+                faster = mine_s is not None and (theirs is None or mine_s < theirs)
+                parts.append(f"{other} {theirs:.1f} s" if theirs is not None else
                              f"{other} never")
                 parts[-1] += " (mpi-ESGD faster)" if faster else " (mpi-ESGD not faster)"
         out.append(f"{task}: accuracy {target:g} reached by mpi-ESGD in {mine}; "
@@ -109,7 +168,11 @@ def plot(path: Path, task: str, runs: Dict[str, Dict], target: float) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     modes = list(runs)
-    axes[2].bar(range(len(modes)), [runs[m]["mean_epoch_seconds"] for m in modes],
+    epochs = [mean_epochs(runs[m]) for m in modes]
+    middle = [statistics.median(e) for e in epochs]
+    axes[2].bar(range(len(modes)), middle,
+                yerr=[[m - min(e) for m, e in zip(middle, epochs)],
+                      [max(e) - m for m, e in zip(middle, epochs)]],
                 color=["#999999" if m.startswith("dist") else "#1f77b4" for m in modes])
     axes[2].set_xticks(range(len(modes)), modes, rotation=30)
     axes[2].set_ylabel("mean epoch time over workers (s)")
