@@ -4,6 +4,7 @@
     python -m experiments.papers                          # measure what is missing, write the page
     python -m experiments.papers --page-only              # write the page from what is measured
     python -m experiments.papers --remeasure --rates 100mbit --rounds 1   # a shorter setting
+    python -m experiments.papers --tiny --rates 1gbit --out /tmp/papers  # every code path, fast
 
 Every part runs an existing tool on 2 emulated hosts × 2 workers (network namespaces joined
 by links shaped to ``--rates``; root only), a client group and a server per host, and keeps
@@ -17,15 +18,17 @@ its pages under ``OUT/papers/``:
 - ``partitions_RATE*``: Table 5, the partition tuner against a sweep of P
   (``python -m benchmarks.partitions``).
 
-Then ``papers.py``'s page (``report_papers.py``) sets one row per claim against ours. A part
-whose results are in ``OUT/papers`` is kept unless ``--remeasure``: a run stopped part way
-goes on where it stopped.
+Then the page (``report_papers.py``) sets one row per claim against ours. A part whose
+results are in ``OUT/papers`` is kept unless ``--remeasure``: a run stopped part way goes on
+where it stopped. ``--tiny`` runs each part at a size that only exercises it (a task, three
+modes, an epoch; two α; a few steps): for tests, not for reading.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,29 +56,63 @@ class Part:
         return (folder / self.result).is_file()
 
 
-def parts(rate: str, rounds: int, folder: Path, epochs: Sequence[str]) -> List[Part]:
+#: each part's size, as arguments of its tool: the page's, and ``--tiny``'s
+SIZES = {
+    "full": {"modes": [],
+             "models": ["--models", "lm", "nmt", "--systems", "kvhybrid", "kvhybrid all-PS",
+                        "dist_sync", "--alpha-tokens", *ALPHA_TOKENS, "--steps", "20",
+                        "--warmup", "5"],
+             # a densified table crosses the link whole every step (51 MB for the LM):
+             # seconds a step at 100 Mbit/s, so fewer steps
+             "dense": ["--models", "lm", "nmt", "--systems", "kvhybrid", "kvhybrid all-AR",
+                       "Horovod", "--steps", "6", "--warmup", "2"],
+             "partitions": ["--sweep", "1", "2", "4", "8", "16", "--steps", "20"]},
+    "tiny": {"modes": ["--tasks", "digits", "--modes", "dist-SGD", "mpi-SGD", "mpi-ESGD",
+                       "--epochs", "1", "--interval", "4"],
+             "models": ["--models", "lm", "--systems", "kvhybrid", "kvhybrid all-PS",
+                        "dist_sync", "--alpha-tokens", "10", "50", "--steps", "4",
+                        "--warmup", "2"],
+             "dense": ["--models", "lm", "--systems", "kvhybrid", "kvhybrid all-AR",
+                       "--steps", "3", "--warmup", "1"],
+             "partitions": ["--sweep", "1", "2", "--steps", "8"]},
+}
+
+
+def parts(rate: str, rounds: int, folder: Path, epochs: Sequence[str],
+          size: str = "full") -> List[Part]:
     hosts = ["--hosts", "2", "--rate", rate]
     r = ["--rounds", str(rounds)]
+    args = SIZES[size]
     return [
         Part("modes", rate, f"modes_{rate}/experiments.json",
-             [sys.executable, "-m", "experiments", *hosts, *r, "--out",
+             [sys.executable, "-m", "experiments", *hosts, *r, *args["modes"], "--out",
               str(folder / f"modes_{rate}"), *(["--epochs", *epochs] if epochs else [])]),
         Part("models", rate, f"models_{rate}_rounds.json",
-             [sys.executable, "-m", "benchmarks.models", *hosts, "--models", "lm", "nmt",
-              "--systems", "kvhybrid", "kvhybrid all-PS", "dist_sync", "--alpha-tokens",
-              *ALPHA_TOKENS, *r, "--steps", "20", "--warmup", "5", "--name", f"models_{rate}",
-              "--out", str(folder)]),
-        # a densified table crosses the link whole every step (51 MB for the LM): seconds a
-        # step at 100 Mbit/s, so fewer steps
+             [sys.executable, "-m", "benchmarks.models", *hosts, *args["models"], *r,
+              "--name", f"models_{rate}", "--out", str(folder)]),
         Part("dense", rate, f"dense_{rate}_rounds.json",
-             [sys.executable, "-m", "benchmarks.models", *hosts, "--models", "lm", "nmt",
-              "--systems", "kvhybrid", "kvhybrid all-AR", "Horovod", *r, "--steps", "6",
-              "--warmup", "2", "--name", f"dense_{rate}", "--out", str(folder)]),
+             [sys.executable, "-m", "benchmarks.models", *hosts, *args["dense"], *r,
+              "--name", f"dense_{rate}", "--out", str(folder)]),
         Part("partitions", rate, f"partitions_{rate}.json",
-             [sys.executable, "-m", "benchmarks.partitions", *hosts, "--sweep", "1", "2", "4",
-              "8", "16", "--rounds", str(rounds), "--steps", "20", "--name",
-              f"partitions_{rate}", "--out", str(folder)]),
+             [sys.executable, "-m", "benchmarks.partitions", *hosts, *args["partitions"],
+              "--rounds", str(rounds), "--name", f"partitions_{rate}", "--out", str(folder)]),
     ]
+
+
+def _bits_per_second(rate: str) -> float:
+    """tc's rate notation in bits per second (100mbit, 1gbit, 500kbit)."""
+    match = re.fullmatch(r"([\d.]+)([kmg]?)bit", rate.lower())
+    if not match:
+        return float("inf")
+    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+
+
+def page_rates(folder: Path, asked: Sequence[str]) -> List[str]:
+    """The rates the page shows: those asked for and those measured earlier (a shorter
+    run of one rate keeps the other's columns), the slowest link first."""
+    found = {m.group(1) for f in folder.glob("*") if (m := re.match(
+        r"(?:modes|models|dense|partitions)_(\d[\w.]*bit)", f.name))}
+    return sorted(set(asked) | found, key=_bits_per_second)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,6 +130,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="measure every part again, even those whose results are in --out")
     p.add_argument("--page-only", action="store_true",
                    help="measure nothing: write the page from what --out holds")
+    p.add_argument("--tiny", action="store_true",
+                   help="every part at a size that only exercises its code (for tests)")
     p.add_argument("--out", default="docs/experiments")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -114,7 +153,9 @@ def main(argv=None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     failed: List[str] = []
     if not args.page_only:
-        plan = [p for rate in args.rates for p in parts(rate, args.rounds, folder, args.epochs)
+        size = "tiny" if args.tiny else "full"
+        plan = [p for rate in args.rates
+                for p in parts(rate, args.rounds, folder, args.epochs, size)
                 if not args.only or p.name in args.only]
         for n, part in enumerate(plan, 1):
             if part.done(folder) and not args.remeasure:
@@ -130,7 +171,7 @@ def main(argv=None) -> int:
             if rc != 0:
                 failed.append(f"{part.name} at {part.rate}")
     from .report_papers import write_page
-    write_page(Path(args.out), args.rates)
+    write_page(Path(args.out), page_rates(folder, args.rates))
     if failed:
         log.error("failed: %s", ", ".join(failed))
         return 1

@@ -33,6 +33,7 @@ import numpy as np
 
 from .ring import ring_allreduce, workspace_elements
 from .shared_memory import SharedMemoryAllreduce
+from . import windows
 from .topology import Topology
 
 log = logging.getLogger("kvhybrid")
@@ -60,6 +61,7 @@ class Algorithms:
         self.emulate_node_size = emulate_node_size
         self._topology = None
         self._shm = None
+        self._windows_made = 0
         self._scratch: Dict[str, np.ndarray] = {}
         #: calls per algorithm, for tests and benchmarks
         self.calls: Dict[str, int] = {name: 0 for name in ALGORITHMS}
@@ -193,6 +195,11 @@ class Algorithms:
     def _shared(self) -> SharedMemoryAllreduce:
         if self._shm is None:
             self._shm = SharedMemoryAllreduce(self.topology.node, self.group.MPI)
+            # keyed by the group, the host split (benchmarks.allreduce emulates hosts on a
+            # second selector of the same group) and how many this selector made before
+            self._windows_made += 1
+            windows.register(f"{self.group.key}/{self.emulate_node_size}/"
+                             f"{self._windows_made:03d}", self._shm.win, self.topology.node)
         return self._shm
 
     def _workspace(self, view: np.ndarray, parts: int) -> np.ndarray:

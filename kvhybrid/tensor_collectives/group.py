@@ -1,6 +1,7 @@
 """A group of ranks that reduce tensors together: an MPI communicator plus its watchdog."""
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Dict, Tuple
@@ -13,6 +14,10 @@ from .mpi_env import load_mpi
 from .watchdog import Watchdog, install_abort_on_uncaught_exception
 
 log = logging.getLogger("kvhybrid")
+
+#: groups made by this process so far: every rank makes its groups in the same order
+#: (each is a collective Dup), so the count names a group alike on all of them
+_MADE = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class Group:
         self.MPI = MPI
         self.comm = comm.Dup()
         self.name = name
+        #: this group's place among the process's groups, the same on every rank of it:
+        #: the key its shared-memory window is freed under at exit (``windows.py``)
+        self.key = f"{next(_MADE):06d}-{name}"
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.settings = settings

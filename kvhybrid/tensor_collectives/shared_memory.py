@@ -24,8 +24,8 @@ CHUNK_BYTES = 1 << 20
 
 class SharedMemoryAllreduce:
     """Collective to build (allocates the window on ``node``); reused for every call. The
-    window is never freed before MPI_Finalize: freeing is collective, and a close that
-    only some ranks reach must not block."""
+    window is not freed when a store closes: freeing is collective, and a close that only
+    some ranks reach must not block; ``windows.free_all`` frees it at exit."""
 
     def __init__(self, node, MPI, chunk_bytes: Optional[int] = None):
         self.node, self.MPI = node, MPI
