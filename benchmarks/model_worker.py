@@ -28,7 +28,7 @@ from kvhybrid.tensor_collectives.mpi_env import load_mpi
 from . import model_zoo
 from .model_zoo import MODELS
 from . import cpu
-from .wire import interface_bytes
+from .wire import interface_counters
 
 SYSTEMS = ("hybrid", "dist_sync", "horovod", "local")
 #: a step's parts as the caller's thread sees them
@@ -113,7 +113,7 @@ def main(argv=None) -> None:
     for step in range(args.steps):
         inputs, label = batches[step % len(batches)]
         if step == args.warmup:   # the timed steps' traffic, counted by the kernel
-            wire_start = interface_bytes()
+            wire_start = interface_counters()
             cpu_start, machine_start = cpu.thread_seconds(), cpu.machine_seconds()
             meetings_start = kv.collectives() if hasattr(kv, "collectives") else {}
             if getattr(kv, "engine", None) is not None:
@@ -137,7 +137,7 @@ def main(argv=None) -> None:
             times.append(end - start)
             phases.append((forward - start, stepping - forward, waiting - stepping,
                            end - waiting))
-    wire_end = interface_bytes()
+    wire_end = interface_counters()
     timed = args.steps - args.warmup
     cpu_ms = cpu.per_step_ms(cpu_start, cpu.thread_seconds(), timed)
     machine_ms = (cpu.machine_seconds() - machine_start) * 1e3 / timed
@@ -148,7 +148,10 @@ def main(argv=None) -> None:
     os.makedirs(args.out, exist_ok=True)   # (run by hand, --out may not exist yet)
     with open(os.path.join(args.out, f"wire-rank{rank}.json"), "w") as f:
         json.dump({"steps": args.steps - args.warmup, "cpu_ms_per_step": cpu_ms,
-                   "interfaces": {k: v - wire_start.get(k, 0) for k, v in wire_end.items()}}, f)
+                   "interfaces": {k: v["bytes"] - wire_start.get(k, {}).get("bytes", 0)
+                                  for k, v in wire_end.items()},
+                   "packets": {k: v["packets"] - wire_start.get(k, {}).get("packets", 0)
+                               for k, v in wire_end.items()}}, f)
     # the loss after the fixed number of steps, on one batch every system and rank shares
     inputs, label = model.batch(np.random.RandomState(7), 256, args.tokens)
     final = float(loss_fn(net(*[mx.nd.array(x) for x in inputs]), mx.nd.array(label))

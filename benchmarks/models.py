@@ -132,6 +132,7 @@ def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
     readings = [json.loads(p.read_text()) for p in Path(out).glob("wire-rank*.json")]
     # on loopback the interfaces this process sees are the machine's, shared with everything
     result["wire_per_host"] = per_host(readings) if args.hosts else None
+    result["payload_per_host"] = per_host(readings, payload=True) if args.hosts else None
     # CPU ms per step of each worker's threads, by role: the mean over the workers
     result["cpu_ms_per_step"] = {k: statistics.mean(r["cpu_ms_per_step"][k] for r in readings)
                                  for k in readings[0]["cpu_ms_per_step"]} if readings else {}

@@ -1,8 +1,10 @@
 """Bytes on the wire per host and step, counted, next to Parallax's Table 3.
 
 Counted: every worker reads its network namespace's interface counters
-(``/proc/net/dev``: what the kernel sent and received, headers included) before and
-after the timed steps. On an emulated cluster a host's one interface carries everything
+(``/proc/net/dev``: what the kernel sent and received, headers included, and the packets)
+before and after the timed steps. Less ``FRAMING_BYTES`` a packet, that is the TCP payload
+the processes exchanged, what Table 3 counts (every packet of the emulated links is a
+TCP/IPv4 segment of ps-lite or MPI, an acknowledgement carrying none). On an emulated cluster a host's one interface carries everything
 that host's worker and server exchange with the other hosts, which is what Table 3
 counts per machine. On loopback every process shares ``lo``, so nothing is per host and
 nothing is reported.
@@ -19,27 +21,43 @@ from typing import Dict, List, Optional, Sequence
 from kvhybrid.kvstore.routing import transfer_bytes
 
 
-def interface_bytes() -> Dict[str, int]:
-    """Bytes received plus sent by each interface of this process's network namespace,
-    loopback excluded."""
+#: bytes of headers in every packet on the emulated links: Ethernet 14, IPv4 20, TCP 20 and
+#: its timestamp option 12 (Linux's default)
+FRAMING_BYTES = 14 + 20 + 20 + 12
+
+
+def interface_counters() -> Dict[str, Dict[str, int]]:
+    """Bytes and packets received plus sent by each interface of this process's network
+    namespace, loopback excluded: ``{name: {"bytes": b, "packets": p}}``."""
     counts = {}
     with open("/proc/net/dev") as f:
         for line in f.readlines()[2:]:
             name, data = line.split(":", 1)
             fields = data.split()
             if name.strip() != "lo":
-                counts[name.strip()] = int(fields[0]) + int(fields[8])
+                counts[name.strip()] = {"bytes": int(fields[0]) + int(fields[8]),
+                                        "packets": int(fields[1]) + int(fields[9])}
     return counts
 
 
-def per_host(readings: Sequence[dict]) -> Optional[float]:
+def interface_bytes() -> Dict[str, int]:
+    """Bytes received plus sent by each interface, loopback excluded."""
+    return {name: c["bytes"] for name, c in interface_counters().items()}
+
+
+def per_host(readings: Sequence[dict], payload: bool = False) -> Optional[float]:
     """Mean bytes per host and step from the workers' readings (``{"interfaces": {name:
-    bytes}, "steps": n}``); a host's interface counted once however many workers read it
-    (``cluster.py`` names every host's interface differently: eth0, eth1, ...); None when no
-    worker saw any interface but loopback."""
+    bytes}, "packets": {name: packets}, "steps": n}``); a host's interface counted once
+    however many workers read it (``cluster.py`` names every host's interface differently:
+    eth0, eth1, ...); ``payload``: less ``FRAMING_BYTES`` a packet (None for readings
+    without packets). None when no worker saw any interface but loopback."""
     hosts: Dict[str, float] = {}
     for r in readings:
+        if payload and "packets" not in r:
+            return None
         for name, count in r["interfaces"].items():
+            if payload:
+                count -= FRAMING_BYTES * r["packets"][name]
             hosts[name] = max(hosts.get(name, 0.0), count / r["steps"])
     return sum(hosts.values()) / len(hosts) if hosts else None
 

@@ -120,7 +120,14 @@ def mode_claims(folder: Path, rates: Sequence[str]) -> List[Claim]:
                               + (f"{mine:.1f} s" if mine is not None else "not reached"))
                 met_first = met_first and best == "mpi-ESGD"
                 reaches = reaches and mine is not None
-                if "mpi-ESGD" in runs and best != "mpi-ESGD":
+                if "mpi-ESGD" in runs and mine is None:
+                    e = runs["mpi-ESGD"]
+                    why_first.append(
+                        f"{task}: mpi-ESGD's best accuracy "
+                        f"{max(v['accuracy'] for v in e['validation']):.4f} in "
+                        f"{len(e['validation'])} epochs ({statistics.median(report.mean_epochs(e)):.2f} "
+                        f"s each); {best} reached {target:g} in {epochs_to(runs[best], target)}")
+                elif "mpi-ESGD" in runs and best != "mpi-ESGD":
                     e, b = runs["mpi-ESGD"], runs[best]
                     why_first.append(
                         f"{task}: mpi-ESGD {statistics.median(report.mean_epochs(e)):.2f} s an "
@@ -263,11 +270,18 @@ def bytes_claim(folder: Path, rates: Sequence[str]) -> Tuple[Claim, Dict[str, li
             tokens = _option(setting.command, "--tokens", 50)
             steps = range(setting.warmup or _option(setting.command, "--warmup", 5),
                           setting.steps or _option(setting.command, "--steps", 20))
-            for model, systems in setting.median.items():
-                a_worker, a_host = alphas(model, tokens, batch, steps)
+            runs = [(model, tokens, systems) for model, systems in setting.median.items()]
+            runs += [("lm", int(t), systems) for t, systems in setting.median_sweep.items()
+                     if int(t) != tokens]   # the sweep's other lengths of the LM
+            for model, words, systems in runs:
+                a_worker, a_host = alphas(model, words, batch, steps)
                 for system, r in systems.items():
-                    if r.get("wire_per_host"):
-                        rows.append((model, system, r["wire_per_host"],
+                    # the TCP payload where the run counted packets, else the bytes with
+                    # their headers (marked)
+                    counted = r.get("payload_per_host") or r.get("wire_per_host")
+                    if counted:
+                        name = system + ("" if r.get("payload_per_host") else " (headers in)")
+                        rows.append((f"{model}, {words} words", name, counted,
                                      routed_bytes(system, r, a_worker, a_host)))
         if not rows:
             continue
@@ -368,7 +382,10 @@ def write_page(out: Path, rates: Sequence[str]) -> None:
                "| rate | words per sample | α | kvhybrid ÷ dist_sync |", "|---|---:|---:|---:|"]
         md += [f"| {rate} | {tokens} | {a:.4f} | {ratio_cell(r)} |"
                for rate, points in curves.items() for a, r, tokens in points]
-        md += ["", "![speed-up against α](papers_alpha.png)", ""]
+        md += ["", "![speed-up against α](papers_alpha.png)", "",
+               "Horovod is left out of the sweep: it densifies the table, so its bytes per step "
+               "are 4W(N−1)/N whatever α, and its step at 50 words per sample (Table 4's row "
+               "below) says what it is at every α.", ""]
     if tables:
         md += ["## Parallax Table 4: the hybrid against one architecture", "",
                "kvhybrid's throughput ÷ each system's, the same round's runs. AR: kvhybrid "
@@ -385,8 +402,10 @@ def write_page(out: Path, rates: Sequence[str]) -> None:
         md.append("")
     if wire_rows:
         md += ["## Parallax Table 3: bytes per host and step", "",
-               "Counted on each host's link during the timed steps (sent + received, headers "
-               "included), against Table 3 for the system's routing with N = 2 machines "
+               "Counted on each host's link during the timed steps (sent + received): the TCP "
+               "payload, the bytes less 66 bytes of Ethernet, IPv4 and TCP headers a packet "
+               "(`benchmarks/wire.py`; a row marked \"headers in\" is from a run that counted "
+               "no packets), against Table 3 for the system's routing with N = 2 machines "
                "(`routed_bytes` in `experiments/report_papers.py`): dense keys 4w(N−1)/N; "
                "tables as rows 4αW(N−1)/N with the host's α (the union of its workers' ids) "
                "where the host aggregates before the push (kvhybrid), and once per worker, "

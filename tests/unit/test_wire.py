@@ -24,3 +24,13 @@ def test_table3_for_each_routing():
 def test_interface_counters_exclude_loopback():
     counts = interface_bytes()
     assert "lo" not in counts and all(v >= 0 for v in counts.values())
+
+
+def test_the_payload_is_the_bytes_less_each_packets_headers():
+    from benchmarks.wire import FRAMING_BYTES
+    readings = [{"steps": 2, "interfaces": {"eth0": 10_000}, "packets": {"eth0": 10}},
+                {"steps": 2, "interfaces": {"eth1": 20_000}, "packets": {"eth1": 20}}]
+    assert per_host(readings, payload=True) == pytest.approx(
+        ((10_000 - 10 * FRAMING_BYTES) / 2 + (20_000 - 20 * FRAMING_BYTES) / 2) / 2)
+    # readings of a run that counted no packets give no payload
+    assert per_host([{"steps": 2, "interfaces": {"eth0": 10}}], payload=True) is None
