@@ -4,7 +4,9 @@ Counted: every worker reads its network namespace's interface counters
 (``/proc/net/dev``: what the kernel sent and received, headers included, and the packets)
 before and after the timed steps. Less ``FRAMING_BYTES`` a packet, that is the TCP payload
 the processes exchanged, what Table 3 counts (every packet of the emulated links is a
-TCP/IPv4 segment of ps-lite or MPI, an acknowledgement carrying none). On an emulated cluster a host's one interface carries everything
+TCP/IPv4 segment of ps-lite or MPI, an acknowledgement carrying none). The veth links hand
+the kernel's segmentation offload whole segments of up to 64 KB, counted as one packet
+each, so the headers taken off are a lower bound and the payload an upper one. On an emulated cluster a host's one interface carries everything
 that host's worker and server exchange with the other hosts, which is what Table 3
 counts per machine. On loopback every process shares ``lo``, so nothing is per host and
 nothing is reported.
