@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import atexit
 import logging
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -116,3 +118,26 @@ def setting_name(hosts: int, rate: str, workers: int, delay: Optional[str] = Non
     per_host = workers // hosts
     return (f"{hosts} emulated hosts" + (f" × {per_host} workers" if per_host > 1 else "")
             + f" at {rate}" + (f", {delay} latency" if delay else ""))
+
+
+def why_no_hosts() -> Optional[str]:
+    """Why emulated hosts cannot be made on this machine, fix named (None: they can): the
+    words that follow a tool's ``--hosts``."""
+    if os.geteuid() != 0:
+        return ("needs root: the emulated hosts are network namespaces (run as root, or leave "
+                "--hosts out to run on loopback)")
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2's ip and tc on PATH (apt-get install iproute2)"
+    return None
+
+
+def launcher_args_on_hosts(stack: contextlib.ExitStack, hosts: int, rate: str,
+                           delay: Optional[str], workers: int, folder: Path) -> List[str]:
+    """``kvhybrid-launch``'s arguments that spread ``workers`` evenly over ``hosts`` emulated
+    hosts, made now and entered on ``stack`` (deleted on its exit, an exception and SIGTERM),
+    their hostfile in ``folder``; none for 0 hosts (loopback)."""
+    if not hosts:
+        return []
+    cluster = stack.enter_context(EmulatedCluster(hosts, rate, delay))
+    hostfile = cluster.hostfile(Path(folder) / "hosts", workers // hosts)
+    return ["--launcher", "netns", "--hostfile", str(hostfile)]

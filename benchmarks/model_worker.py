@@ -107,8 +107,7 @@ def main(argv=None) -> None:
     trainer, rank, workers, kv = make_trainer(args.system, net, args.lr or model.lr,
                                               args.batch_size)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = np.random.RandomState(1000 + rank)
-    batches = [model.batch(rng, args.batch_size, args.tokens) for _ in range(8)]
+    batches = model_zoo.worker_batches(model, rank, args.batch_size, args.tokens)
     times, alphas, phases = [], [], []
     for step in range(args.steps):
         inputs, label = batches[step % len(batches)]

@@ -105,3 +105,14 @@ MODELS: Dict[str, Model] = {
                  _nmt_batch, lambda tokens: 2 * tokens, True, vocabs=(NMT_VOCAB, NMT_VOCAB)),
     "cnn": Model("cnn", lambda sparse: cnn(), _cnn_batch, lambda tokens: 1, False, lr=0.01),
 }
+
+
+#: batches a worker cycles through, step after step
+WORKER_BATCHES = 8
+
+
+def worker_batches(model: Model, rank: int, batch: int, tokens: int) -> list:
+    """The batches rank ``rank`` trains on (``benchmarks.model_worker``), from its own seed:
+    the same on every run, so what a run's steps touched can be worked out afterwards."""
+    rng = np.random.RandomState(1000 + rank)
+    return [model.batch(rng, batch, tokens) for _ in range(WORKER_BATCHES)]

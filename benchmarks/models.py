@@ -45,7 +45,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from .cluster import EmulatedCluster, setting_name
+from .cluster import launcher_args_on_hosts, setting_name, why_no_hosts
 from .common import DIAGNOSTICS_OUT, footer, grouped_bars, provenance, ratio_cell, \
     round_ratios, run_job, save_figure, write_outputs
 from .model_zoo import MODELS
@@ -285,11 +285,8 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int],
                       steps=args.steps, warmup=args.warmup, measured=provenance())
     with tempfile.TemporaryDirectory(prefix="kvhybrid-models-") as tmp, \
             contextlib.ExitStack() as stack:
-        args.launcher_args = []
-        if hosts:
-            cluster = stack.enter_context(EmulatedCluster(hosts, rate, args.delay))
-            hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // hosts)
-            args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
+        args.launcher_args = launcher_args_on_hosts(stack, hosts, rate, args.delay,
+                                                    args.workers, tmp)
         log.info("models: %s, %d workers, %d server(s), %d round(s) of %d steps (%d warm-up)",
                  setting.where, args.workers, args.servers, args.rounds, args.steps, args.warmup)
         for round_ in range(args.rounds):
@@ -593,6 +590,10 @@ def main(argv=None) -> None:
                 f"{args.workers}")
     if hosts and args.workers % hosts:
         p.error(f"--workers ({args.workers}) must be a multiple of the {hosts} hosts")
+    # (a suite measures on emulated hosts too; --targets-only measures nothing)
+    missing = why_no_hosts() if hosts or (args.suite and not args.targets_only) else None
+    if missing:
+        p.error(f"--hosts {missing}" if hosts else f"--suite (emulated hosts) {missing}")
     if not args.suite:
         setting = measure(args, args.hosts, args.rate, args.alpha_tokens or [])
         write_setting(args, args.name, setting)

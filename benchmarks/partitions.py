@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from .cluster import EmulatedCluster, setting_name
+from .cluster import launcher_args_on_hosts, setting_name, why_no_hosts
 from .common import footer, run_job, save_figure, write_outputs
 
 log = logging.getLogger("benchmarks")
@@ -161,9 +161,9 @@ def main(argv=None) -> None:
     if args.hosts < 0 or (args.hosts and args.workers % args.hosts):
         p.error(f"--hosts must be 0 (loopback) or divide --workers {args.workers}, got "
                 f"{args.hosts}")
-    if args.hosts and os.geteuid() != 0:
-        p.error("--hosts needs root: the emulated hosts are network namespaces (run as root, "
-                "or leave --hosts out to run on loopback)")
+    missing = why_no_hosts() if args.hosts else None
+    if missing:
+        p.error(f"--hosts {missing}")
     if args.servers is None:
         args.servers = args.hosts or 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -172,11 +172,8 @@ def main(argv=None) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvhybrid-partitions-") as tmp, \
             contextlib.ExitStack() as stack:
-        args.launcher_args = []
-        if args.hosts:   # deleted on exit, on an exception and on SIGTERM
-            cluster = stack.enter_context(EmulatedCluster(args.hosts, args.rate, args.delay))
-            hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // args.hosts)
-            args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
+        args.launcher_args = launcher_args_on_hosts(stack, args.hosts, args.rate, args.delay,
+                                                    args.workers, tmp)
         result = {"sweep": sweep(args, tmp), "tuner": tuner(args, tmp)}
         chosen = result["tuner"]["partitions"]
         if chosen not in result["sweep"]:   # the fit may land between swept settings

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from benchmarks.cluster import EmulatedCluster, setting_name
+from benchmarks.cluster import launcher_args_on_hosts, setting_name, why_no_hosts
 from benchmarks.common import provenance, stop_job
 from . import report
 from .modes import MODES, Mode
@@ -94,11 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if args.workers % args.hosts:
             p.error(f"--workers {args.workers} must be a multiple of --hosts {args.hosts}: every "
                     "emulated host runs as many workers")
-        if os.geteuid() != 0:
-            p.error("--hosts needs root: the emulated hosts are network namespaces (run as "
-                    "root, or leave --hosts out to run on loopback)")
-        if shutil.which("ip") is None or shutil.which("tc") is None:
-            p.error("--hosts needs iproute2's ip and tc on PATH (apt-get install iproute2)")
+        missing = why_no_hosts()
+        if missing:
+            p.error(f"--hosts {missing}")
     if args.clients is None:
         args.clients = args.hosts or 2
     if args.servers is None:
@@ -184,11 +181,8 @@ def main(argv=None) -> int:
     failures: List[str] = []
     with tempfile.TemporaryDirectory(prefix="kvhybrid-experiments-") as tmp, \
             contextlib.ExitStack() as stack:
-        args.launcher_args = []
-        if args.hosts:   # deleted on exit, on an exception and on SIGTERM
-            cluster = stack.enter_context(EmulatedCluster(args.hosts, args.rate, args.delay))
-            hostfile = cluster.hostfile(Path(tmp) / "hosts", args.workers // args.hosts)
-            args.launcher_args = ["--launcher", "netns", "--hostfile", str(hostfile)]
+        args.launcher_args = launcher_args_on_hosts(stack, args.hosts, args.rate, args.delay,
+                                                    args.workers, tmp)
         for n, (round_, task, name) in enumerate(jobs, 1):
             mode, folder = MODES[name], Path(tmp) / f"{task}-{name}-{round_}"
             folder.mkdir()

@@ -82,10 +82,8 @@ def _center_traffic(task: str, run: dict, args: dict) -> str:
     every interval (the synchronous modes move the rows a step touches)."""
     if task != "lm":
         return ""
-    from .tasks import TASKS
-    net = TASKS[task]().build()
-    net.initialize()
-    table = net.embed.weight.shape[0] * net.embed.weight.shape[1] * 4
+    from .tasks import LM_DIM, LM_VOCAB
+    table = LM_VOCAB * LM_DIM * 4   # float32
     exchanges = run["steps_per_epoch"] / args["interval"]
     return (f"; each elastic exchange moves the whole {table / 2**20:.2f} MB table to the center "
             f"and back, {exchanges:.0f} times an epoch per client "
@@ -236,6 +234,24 @@ def architecture_claim(folder: Path, rates: Sequence[str]) -> Tuple[Claim, Dict[
     return claim, tables
 
 
+def cpu_ratios(folder: Path, rates: Sequence[str]) -> List[tuple]:
+    """(rate, model, caller's thread ratios, machine ratios): kvhybrid's CPU per step ÷
+    dist_sync's, round by round, from the models part."""
+    out = []
+    for rate in rates:
+        setting = _setting(folder, "models", rate)
+        for model in (setting.rounds[0] if setting else {}):
+            pairs = [(r[model]["kvhybrid"], r[model]["dist_sync"]) for r in setting.rounds
+                     if "kvhybrid" in r[model] and "dist_sync" in r[model]]
+            caller = [a["cpu_ms_per_step"]["caller"] / b["cpu_ms_per_step"]["caller"]
+                      for a, b in pairs]
+            machine = [a["machine_cpu_ms_per_step"] / b["machine_cpu_ms_per_step"]
+                       for a, b in pairs]
+            if caller:
+                out.append((rate, model, caller, machine))
+    return out
+
+
 def _option(command: Sequence[str], name: str, default: int) -> int:
     return int(command[command.index(name) + 1]) if name in command else default
 
@@ -246,19 +262,17 @@ def alphas(model: str, tokens: int, batch: int, steps: range) -> Tuple[float, fl
     are regenerated from their seeds (``benchmarks.model_worker``); MPI ranks fill the hosts
     in order, so ranks 0 and 1 share one."""
     import numpy as np
-    from benchmarks.model_zoo import MODELS
+    from benchmarks.model_zoo import MODELS, WORKER_BATCHES, worker_batches
     spec = MODELS[model]
     if not spec.vocabs:
         return 0.0, 0.0
-    per_rank = []
-    for rank in range(WORKERS):
-        rng = np.random.RandomState(1000 + rank)
-        per_rank.append([spec.batch(rng, batch, tokens)[0] for _ in range(8)])
+    per_rank = [[inputs for inputs, _ in worker_batches(spec, rank, batch, tokens)]
+                for rank in range(WORKERS)]
     worker, host = [], []
     per_host = WORKERS // HOSTS
     for step in steps:
         for table, vocab in enumerate(spec.vocabs):
-            ids = [per_rank[r][step % 8][table] for r in range(WORKERS)]
+            ids = [per_rank[r][step % WORKER_BATCHES][table] for r in range(WORKERS)]
             worker.append(np.mean([len(np.unique(x)) / vocab for x in ids]))
             host.append(np.mean([len(np.unique(np.concatenate(ids[h:h + per_host]))) / vocab
                                  for h in range(0, WORKERS, per_host)]))
@@ -439,6 +453,12 @@ def write_page(out: Path, rates: Sequence[str]) -> None:
                 md.append(f"| {rate} | {model} | " + " | ".join(
                     ratio_cell(systems[s]) if s in systems else "" for _, s in ARCHITECTURES)
                     + " |")
+        md += ["", "CPU per step, kvhybrid's ÷ dist_sync's in the same round (median, range): a "
+               "worker's caller's thread and the whole machine (servers included). Unlike a "
+               "throughput ratio on 2 cores, these hold still between runs.", "",
+               "| rate | model | caller's thread | machine |", "|---|---|---:|---:|"]
+        md += [f"| {rate} | {model} | {ratio_cell(caller)} | {ratio_cell(machine)} |"
+               for rate, model, caller, machine in cpu_ratios(folder, list(tables))]
         md.append("")
     if wire_rows:
         md += ["## Parallax Table 3: bytes per host and step", "",

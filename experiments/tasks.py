@@ -74,7 +74,11 @@ class BagLM(nn.Block):
         return self.mlp(self.embed(ids).reshape((0, -1)))
 
 
-def sparse_lm(vocab: int = 20000, dim: int = 32, context: int = 4, classes: int = 50,
+#: the LM's table: rows (words) and columns
+LM_VOCAB, LM_DIM = 20000, 32
+
+
+def sparse_lm(vocab: int = LM_VOCAB, dim: int = LM_DIM, context: int = 4, classes: int = 50,
               samples: int = 65536, valid: int = 4096, zipf: float = 1.1, seed: int = 0) -> Task:
     rng = np.random.RandomState(seed)
     weights = 1.0 / np.arange(1, vocab + 1) ** zipf

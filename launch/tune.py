@@ -3,7 +3,8 @@
 Runs the job once per sampled partition count P (``KVHYBRID_PARTITIONS``), reads the
 step times rank 0 writes (``KVHYBRID_STATS_FILE``), drops the warm-up steps, and lets
 ``PartitionSearch`` pick the next P; then fits ``t = θ0 + θ1/P + θ2·P`` and takes the
-best P inside the sampled range (Parallax §4.2). The result is remembered per job
+best P inside the sampled range (Parallax §4.2), or the fastest sample where it beat the
+fit's prediction there (``PartitionSearch.result``). The result is remembered per job
 signature (the command and the job's shape) in ``KVHYBRID_CACHE_DIR`` (default
 ``~/.cache/kvhybrid``): later runs of the same job start with it, and a later tuning
 starts its search there. The training command should run a few dozen steps.

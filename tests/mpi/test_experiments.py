@@ -93,9 +93,9 @@ def test_mpi_sgd_trains_as_mxnets_dist_sync(three_modes):
 
 
 def test_emulated_hosts_default_to_a_client_group_and_a_server_per_host(monkeypatch):
-    import experiments.__main__ as runner   # (as on a machine that may emulate hosts)
-    monkeypatch.setattr(runner.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(runner.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    import benchmarks.cluster as cluster   # (as on a machine that may emulate hosts)
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cluster.shutil, "which", lambda name: f"/usr/sbin/{name}")
     args = parse_args(["--hosts", "2", "--workers", "8"])
     assert (args.clients, args.servers) == (2, 2)
     loopback = parse_args([])
@@ -107,12 +107,12 @@ def test_emulated_hosts_default_to_a_client_group_and_a_server_per_host(monkeypa
     ("tc", "--hosts needs iproute2's ip and tc on PATH")])
 def test_emulated_hosts_need_root_and_iproute2(missing, message, monkeypatch, capsys):
     """As a machine without them sees it: refused before anything runs, with the fix."""
-    import experiments.__main__ as runner
+    import benchmarks.cluster as cluster   # where the tools check what hosts need
     if missing == "root":
-        monkeypatch.setattr(runner.os, "geteuid", lambda: 1000)
+        monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
     else:
-        real = runner.shutil.which
-        monkeypatch.setattr(runner.shutil, "which", lambda n: None if n == "tc" else real(n))
+        real = cluster.shutil.which
+        monkeypatch.setattr(cluster.shutil, "which", lambda n: None if n == "tc" else real(n))
     with pytest.raises(SystemExit):
         parse_args(["--hosts", "2"])
     assert message in capsys.readouterr().err

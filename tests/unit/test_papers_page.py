@@ -62,3 +62,15 @@ def test_the_readme_list_is_rewritten_between_its_markers_only():
 def test_the_readme_holds_the_markers_once():
     readme = (report_papers.ROOT / "README.md").read_text()
     assert readme.count(report_papers.BEGIN) == 1 and readme.count(report_papers.END) == 1
+
+
+def test_cpu_ratios_pair_the_systems_of_one_round(tmp_path):
+    import json
+
+    def run(caller, machine):
+        return {"cpu_ms_per_step": {"caller": caller}, "machine_cpu_ms_per_step": machine}
+    rounds = [{"lm": {"kvhybrid": run(2.0, 30.0), "dist_sync": run(1.0, 20.0)}},
+              {"lm": {"kvhybrid": run(3.0, 20.0), "dist_sync": run(2.0, 20.0)}}]
+    (tmp_path / "models_100mbit_rounds.json").write_text(json.dumps({"rounds": rounds}))
+    (rate, model, caller, machine), = report_papers.cpu_ratios(tmp_path, ["100mbit"])
+    assert (rate, model, caller, machine) == ("100mbit", "lm", [2.0, 1.5], [1.5, 1.0])

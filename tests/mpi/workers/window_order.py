@@ -1,14 +1,18 @@
 """Two groups' shared-memory allreduces whose windows two ranks create in opposite orders
 (as the engine's thread and the caller's can), then a normal exit.
 
-Prints how many windows ``windows.free_all`` (what kvhybrid runs at exit) freed.
+argv: OUT. Each rank writes ``OUT/rank<r>.json``: the windows' keys in the order it made
+them, and how many ``windows.free_all`` (what kvhybrid runs at exit) freed.
 Each window is made by its own thread, both at once; rank 1 starts its second group's
 thread first, rank 0 its first group's, so each rank's first window is the one the other
 made second. Creating a window is collective on its own communicator only, so the two
 meet there whatever the order; the orders meet at exit.
 """
+import json
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import mxnet as mx
@@ -35,6 +39,7 @@ for group in order:
     time.sleep(1.0)   # the first one's window is made (waiting for the other rank) first
 for t in threads:
     t.join()
-print(f"rank {kv.rank} made windows {[g.key for g in order]}", flush=True)
+made = [g.key for g in order]
 kv.close()
-print(f"rank {kv.rank} freed {windows.free_all(timeout=30)} windows", flush=True)
+freed = windows.free_all(timeout=30)
+Path(sys.argv[1], f"rank{kv.rank}.json").write_text(json.dumps({"made": made, "freed": freed}))
