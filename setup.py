@@ -6,7 +6,7 @@ from setuptools.command.build_ext import build_ext
 
 
 class BuildAgainstMXNet(build_ext):
-    """Compiles the C++ helper (kvhybrid/tensor_collectives/ndarray_aux.cc) against the
+    """Compiles the C++ helpers (kvhybrid/tensor_collectives/*.cc) against the
     installed MXNet's headers, as Horovod builds its MXNet operators: install with
     ``pip install --no-build-isolation`` so MXNet is importable here. Without MXNet's
     headers or a C++ compiler kvhybrid works without the helper, a little slower
@@ -45,6 +45,10 @@ setup(
     # loaded with ctypes, not imported: a plain shared library with a module's file name
     ext_modules=[Extension("kvhybrid.tensor_collectives._ndarray_aux",
                            ["kvhybrid/tensor_collectives/ndarray_aux.cc"], language="c++",
+                           extra_compile_args=["-O2", "-std=c++17"], optional=True),
+                 # the sleeping barrier of a group's ranks on one host (needs no MXNet)
+                 Extension("kvhybrid.tensor_collectives._host_barrier",
+                           ["kvhybrid/tensor_collectives/host_barrier.cc"], language="c++",
                            extra_compile_args=["-O2", "-std=c++17"], optional=True)],
     cmdclass={"build_ext": BuildAgainstMXNet},
     # scipy: the partition tuner's least-squares fit (kvhybrid-launch --tune-partitions)

@@ -128,14 +128,14 @@ def table(results: Dict[str, List[dict]], models: List[str], systems: List[str])
 
 
 def summary(results: Dict[str, List[dict]], models: List[str], system: str = "kvhybrid",
-            workers: Optional[str] = None) -> Dict[str, List[float]]:
-    """{model: the caller's thread CPU ratios to dist_sync, one per round} at ``workers``
-    (default: the most measured): the README's status row."""
+            workers: Optional[str] = None, metric=_caller) -> Dict[str, List[float]]:
+    """{model: ``metric``'s ratios to dist_sync (the caller's thread CPU, or the machine's),
+    one per round} at ``workers`` (default: the most measured): a README status row."""
     if not results:
         return {}
     workers = workers or max(results, key=int)
-    return {m: ratios(results[workers], m, system, _caller) for m in models
-            if ratios(results[workers], m, system, _caller)}
+    return {m: ratios(results[workers], m, system, metric) for m in models
+            if ratios(results[workers], m, system, metric)}
 
 
 def plot(saved: dict, path: Path) -> None:
@@ -209,7 +209,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 def write_page(out: str, name: str, saved: dict) -> None:
     """``name``.{md,json,png} from a run's measurements (``saved``: what NAME.json holds)."""
-    saved = {**saved, "caller_cpu_ratio": summary(saved["workers"], saved["models"])}
+    saved = {**saved, "caller_cpu_ratio": summary(saved["workers"], saved["models"]),
+             "machine_cpu_ratio": summary(saved["workers"], saved["models"], metric=_machine)}
     text = "\n".join([
         f"# The store's cost per step against `{PEER}`'s: loopback, {saved['servers']} "
         f"server(s), batch {saved['batch_size']} per worker, {saved['tokens']} words per "

@@ -8,8 +8,9 @@ peer's, median of the rounds with the range, for every setting whose results are
 ``docs/benchmarks``: ``models_rounds.json`` (loopback), ``models_2x2_1gbit_rounds.json``
 (emulated hosts), and ``models_16cores.json`` (the 16-core machine's run, a summary of its
 ratios: that machine is not this one, so ``python -m benchmarks all`` does not rerun it);
-and one row of cost from ``cost.json`` (``benchmarks.cost``): kvhybrid's caller's thread
-CPU per step ÷ ``dist_sync``'s at its largest worker count, where lower is better.
+and two rows of cost from ``cost.json`` (``benchmarks.cost``): kvhybrid's caller's thread
+CPU and machine CPU per step ÷ ``dist_sync``'s at its largest worker count, where lower is
+better.
 Written from the same rounds and with the same rounding as the benchmark's own tables, so
 the README cannot drift from them.
 """
@@ -33,10 +34,11 @@ BEGIN = ("<!-- status table: written by python -m benchmarks.status; edit the be
          "not this -->")
 END = "<!-- end of status table -->"
 MODELS = [("lm", "LM-like"), ("nmt", "NMT-like"), ("cnn", "CNN")]
-#: the status row of cost, not throughput (``benchmarks.cost``)
-CALLER_CPU = "dist_sync caller CPU"
+#: the status rows of cost, not throughput (``benchmarks.cost``): their key in cost.json
+CALLER_CPU, MACHINE_CPU = "caller_cpu_ratio", "machine_cpu_ratio"
 PEERS = [("dist_sync", "`dist_sync` (throughput)"), ("Horovod", "Horovod (throughput)"),
-         (CALLER_CPU, "`dist_sync` (caller's thread CPU per step: lower is better)")]
+         (CALLER_CPU, "`dist_sync` (caller's thread CPU per step: lower is better)"),
+         (MACHINE_CPU, "`dist_sync` (machine CPU per step: lower is better)")]
 #: (results file, what the setting is), in the table's order
 SETTINGS = [("models_rounds.json", "loopback, 4 workers"),
             ("models_2x2_1gbit_rounds.json", "2 emulated hosts × 2 workers, 1 Gbit/s"),
@@ -90,11 +92,14 @@ def load(folder: Path) -> List[Setting]:
         if not path.exists():
             continue
         saved = json.loads(path.read_text())
-        if "caller_cpu_ratio" in saved:   # benchmarks.cost: ratios per round, at most workers
-            rows = {m: v for m, v in saved["caller_cpu_ratio"].items() if v}
-            ratios = {CALLER_CPU: {m: (statistics.median(v), min(v), max(v))
-                                   for m, v in rows.items()}}
-            rounds = max(map(len, rows.values()), default=0)
+        if CALLER_CPU in saved:   # benchmarks.cost: ratios per round, at most workers
+            ratios, rounds = {}, 0
+            for row in (CALLER_CPU, MACHINE_CPU):
+                by_model = {m: v for m, v in saved.get(row, {}).items() if v}
+                if by_model:
+                    ratios[row] = {m: (statistics.median(v), min(v), max(v))
+                                   for m, v in by_model.items()}
+                    rounds = max(rounds, *map(len, by_model.values()))
             what = what.format(workers=max(map(int, saved["workers"]), default=0))
         elif "rounds" in saved and isinstance(saved["rounds"], list):
             ratios, rounds = _ratios_of_rounds(saved["rounds"]), len(saved["rounds"])

@@ -11,7 +11,9 @@ tests so that a rank that waits for a slower one leaves the cores to it. Each ro
 * ``spinning``: ``Wait()``, MPI's busy loop (the latency floor, a core kept busy);
 * ``sleeping``: sleeps between tests from the first test on, with Linux's default timer
   slack (how the store waited before it spun first);
-* ``kvhybrid``: ``wait_patiently`` as the store waits.
+* ``polling``: ``wait_patiently``, as the store waits where its ranks are on several hosts;
+* ``host barrier``: ``Group.meet`` (every rank sleeps on a futex until the last arrives,
+  ``host_barrier.py``), then ``wait_patiently``: as the store waits where they share one.
 
 with every rank there at once (``--late-ms 0``) or the last rank that late. Rank 0's wall time
 (median of ``--repeats``) and its CPU time per wait are reported. The ways' order alternates
@@ -35,7 +37,7 @@ from .common import (DIAGNOSTICS_OUT, footer, grouped_bars, mpirun_command, run_
 
 log = logging.getLogger("benchmarks")
 
-WAYS = ("spinning", "sleeping", "kvhybrid")
+WAYS = ("spinning", "sleeping", "polling", "host barrier")
 #: Linux's timer slack of a thread unless changed, ns
 DEFAULT_SLACK_NS = 50_000
 
@@ -53,14 +55,20 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
     from mpi4py import MPI
 
     from kvhybrid.tensor_collectives import ops
+    from kvhybrid.tensor_collectives.group import Group, GroupSettings
 
     def default_slack() -> None:   # undo what the store's waits set on this thread
         ctypes.CDLL(None).prctl(ops.PR_SET_TIMERSLACK, ctypes.c_ulong(DEFAULT_SLACK_NS), 0, 0, 0)
         ops._slack.set = False
 
-    comm = MPI.COMM_WORLD
+    group = Group(MPI, MPI.COMM_WORLD, GroupSettings(), "waits")
+    comm = group.comm
     late_rank = comm.size - 1
-    ways = {"spinning": lambda r: r.Wait(), "sleeping": _sleeping, "kvhybrid": ops.wait_patiently}
+    if not group.meet():
+        log.warning("waits: no host barrier here (ranks on several hosts, or its helper not "
+                    "built): its row polls")
+    ways = {"spinning": lambda r: r.Wait(), "sleeping": _sleeping, "polling": ops.wait_patiently}
+    met = {"host barrier": group.meet}
     out: Dict[str, Dict[str, List[float]]] = {}
     for rnd in range(args.rounds):
         order = WAYS if rnd % 2 == 0 else WAYS[::-1]
@@ -76,7 +84,8 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
                         if late_ms and comm.rank == late_rank:
                             time.sleep(late_ms / 1e3)
                         t0, c0 = time.perf_counter(), time.thread_time()
-                        ways[way](comm.Iallreduce(MPI.IN_PLACE, buf))
+                        met.get(way, lambda: None)()
+                        ways.get(way, ops.wait_patiently)(comm.Iallreduce(MPI.IN_PLACE, buf))
                         if i >= args.warmup:
                             wall.append(time.perf_counter() - t0)
                             cpu.append(time.thread_time() - c0)
@@ -110,7 +119,7 @@ def plot(results: Dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = sorted({k.rsplit(" ", 1)[0] for k in results},
+    cases = sorted({" ".join(k.split(" ", 2)[:2]) for k in results},   # "bytes late way"
                    key=lambda c: [float(x) for x in c.split()])
     fig, ax = plt.subplots(figsize=(8, 3.8))
     grouped_bars(ax, [f"{c.split()[0]} B, late {c.split()[1]} ms" for c in cases],

@@ -44,11 +44,14 @@ if ! "$PY" -c 'import horovod.mxnet' >/dev/null 2>&1; then
       horovod==0.28.1
 fi
 
-# the C++ helper (kvhybrid/tensor_collectives/ndarray_aux.cc), built in place against MXNet
-# (a glob, not ls: on a fresh clone there is no match, and ls's exit status would end this script)
+# the C++ helpers (kvhybrid/tensor_collectives/ndarray_aux.cc, built in place against MXNet,
+# and host_barrier.cc) (a glob, not ls: on a fresh clone there is no match, and ls's exit
+# status would end this script)
 helper=$(compgen -G 'kvhybrid/tensor_collectives/_ndarray_aux*.so' | head -n 1 || true)
+barrier=$(compgen -G 'kvhybrid/tensor_collectives/_host_barrier*.so' | head -n 1 || true)
 if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "$VENV/bin/kvhybrid-launch" ] \
-    || [ -z "$helper" ] || [ kvhybrid/tensor_collectives/ndarray_aux.cc -nt "$helper" ]; then
+    || [ -z "$helper" ] || [ kvhybrid/tensor_collectives/ndarray_aux.cc -nt "$helper" ] \
+    || [ -z "$barrier" ] || [ kvhybrid/tensor_collectives/host_barrier.cc -nt "$barrier" ]; then
   log "installing kvhybrid (editable, its C++ helper built against MXNet)"
   install_log="$VENV/kvhybrid-install.log"
   if ! "$PY" -m pip install --disable-pip-version-check --no-deps --no-build-isolation -e . >"$install_log" 2>&1; then

@@ -10,6 +10,7 @@ import numpy as np
 import mxnet as mx
 
 from .algorithms import Algorithms
+from .host_barrier import HostBarrier
 from .mpi_env import load_mpi
 from .watchdog import Watchdog, install_abort_on_uncaught_exception
 
@@ -65,6 +66,30 @@ class Group:
         self.fused_calls = 0
         #: of those, the ones reduced where the gradients lie (no copies)
         self.fused_in_place = 0
+        #: made here, on the thread that makes the communicator: made at a group's first
+        #: meeting instead, an elastic client's MPI_Comm_split_type failed (MPI_ERR_INTERN,
+        #: Open MPI 4) while its other threads ran collectives
+        self._barrier = HostBarrier.make(self) if self.size > 1 else None
+
+    def meet(self) -> bool:
+        """Sleep until every rank of the group is here, where they all share a host
+        (``host_barrier.py``), and return True; elsewhere return False at once (the same on
+        every rank). Every rank calls it before the same patient collective, inside the
+        watchdog's wait for it."""
+        if self._barrier is None:
+            return False
+        self._barrier.wait()
+        return True
+
+    def from_root(self, root: int) -> bool:
+        """A one-to-many collective from ``root``: the root calls this after posting its
+        part, and wakes the others, who call it before posting theirs and sleep until then
+        (``host_barrier.py``); True where the group has a host barrier, else False at once.
+        Every rank calls it for the same collective, inside the watchdog's wait for it."""
+        if self._barrier is None:
+            return False
+        self._barrier.from_root(self.rank == root)
+        return True
 
     @classmethod
     def world(cls, settings: GroupSettings, allow_singleton: bool = False,

@@ -21,10 +21,8 @@ every gradient and every array of rows it made.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import logging
 import math
-import os
 from typing import Optional, Tuple
 
 import numpy as np
@@ -32,6 +30,8 @@ import mxnet as mx
 from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
+
+from .native import load_helper
 
 log = logging.getLogger("kvhybrid")
 
@@ -171,14 +171,10 @@ def _native_row_ids():
     if _NATIVE:
         return _NATIVE[0]
     function = None
-    spec = importlib.util.find_spec("kvhybrid.tensor_collectives._ndarray_aux")
-    if os.environ.get("KVHYBRID_CPP_HELPER", "1") == "0":
-        log.debug("KVHYBRID_CPP_HELPER=0: row ids are read through MXNet's engine")
-    elif spec is None or not spec.origin:
-        log.debug("no C++ helper (kvhybrid/tensor_collectives/ndarray_aux.cc was not built): "
-                  "row ids are read through MXNet's engine")
-    else:
-        function = ctypes.CDLL(spec.origin).kvhybrid_row_sparse_ids
+    lib = load_helper("_ndarray_aux", "KVHYBRID_CPP_HELPER",
+                      "row ids are read through MXNet's engine")
+    if lib is not None:
+        function = lib.kvhybrid_row_sparse_ids
         function.restype = ctypes.c_int
         function.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
                              ctypes.POINTER(ctypes.c_int64)]
@@ -187,7 +183,7 @@ def _native_row_ids():
         if not np.array_equal(_read_row_ids(function, probe), probe.indices.asnumpy()):
             log.warning("kvhybrid's C++ helper (%s) reads this MXNet's arrays wrong: not "
                         "using it (rebuild it against this MXNet: pip install "
-                        "--no-build-isolation -e .)", spec.origin)
+                        "--no-build-isolation -e .)", lib._name)
             function = None
     _NATIVE.append(function)
     return function

@@ -172,6 +172,7 @@ def allreduce_patiently(view: np.ndarray, op: str, group: Group, what) -> None:
     the store's checks that every rank made the same call."""
     MPI = group.MPI
     with group.watchdog.waiting(what):
+        group.meet()
         wait_patiently(group.comm.Iallreduce(MPI.IN_PLACE, view,
                                              op=_mpi_op(MPI, op, view.dtype)))
 
@@ -217,8 +218,11 @@ def _bcast(group: Group, view: np.ndarray, src: int, patient: bool) -> None:
     if not patient:
         group.comm.Bcast(buf, root=src)
     elif group.rank == src:
-        group.comm.Ibcast(buf, root=src).Wait()
+        request = group.comm.Ibcast(buf, root=src)
+        group.from_root(src)
+        request.Wait()
     else:
+        group.from_root(src)
         wait_patiently(group.comm.Ibcast(buf, root=src))
 
 

@@ -93,6 +93,7 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     table = np.empty((group.size, len(arrays)), dtype=np.int64) if is_root else None
     with group.watchdog.waiting(lambda: f"the gather of {name} on group {group.name} of "
                                         f"{group.size} ranks"):
+        group.meet()
         first = comm.Igather(counts, table, root=root)
         if is_root:   # the lengths first: they size the receive buffer
             wait_patiently(first)
@@ -152,8 +153,11 @@ def scatter_bytes(packed: Optional[Tuple[np.ndarray, np.ndarray]], out: np.ndarr
                                         f"{group.name}"):
         if group.rank == root:
             send, sizes = packed
-            wait_patiently(group.comm.Iscatterv([send, sizes], received, root=root))
+            request = group.comm.Iscatterv([send, sizes], received, root=root)
+            group.from_root(root)
+            wait_patiently(request)
         else:
+            group.from_root(root)
             wait_patiently(group.comm.Iscatterv(None, received, root=root))
     return out
 

@@ -53,3 +53,19 @@ def test_the_status_row_is_the_cost_pages_caller_cpu_at_most_workers(tmp_path):
     row = status.table([only]).splitlines()[-1]
     assert row.startswith("| `dist_sync` (caller's thread CPU per step: lower is better) | "
                           "loopback, 4 workers, 2 cores | 2.00× (1.50–2.00) | – | – | 3 |"), row
+
+
+def test_the_machine_cpu_row_follows_the_caller_cpu_row(tmp_path):
+    workers = {"4": ROUNDS}
+    saved = {"workers": workers, "caller_cpu_ratio": cost.summary(workers, ["lm"]),
+             "machine_cpu_ratio": cost.summary(workers, ["lm"], metric=cost._machine),
+             "measured": "Measured: 2026-01-02 03:04 UTC, commit abc1234, on 2 cores (Linux, "
+                         "host h)."}
+    assert saved["machine_cpu_ratio"] == {"lm": [30 / 25, 36 / 24, 33 / 26]}
+    (tmp_path / "cost.json").write_text(json.dumps(saved))
+    (only,) = status.load(tmp_path)
+    caller, machine = status.table([only]).splitlines()[-2:]
+    assert caller.startswith("| `dist_sync` (caller's thread CPU per step")
+    assert machine.startswith("| `dist_sync` (machine CPU per step: lower is better) | "
+                              "loopback, 4 workers, 2 cores | 1.27× (1.20–1.50) | – | – | 3 |"), \
+        machine

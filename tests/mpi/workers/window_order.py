@@ -1,8 +1,9 @@
 """Two groups' shared-memory allreduces whose windows two ranks create in opposite orders
 (as the engine's thread and the caller's can), then a normal exit.
 
-argv: OUT. Each rank writes ``OUT/rank<r>.json``: the windows' keys in the order it made
-them, and how many ``windows.free_all`` (what kvhybrid runs at exit) freed.
+argv: OUT. Each rank writes ``OUT/rank<r>.json``: the groups' keys in the order it made
+their allreduce windows, every window's key open at exit (the groups' host barriers' too),
+and how many ``windows.free_all`` (what kvhybrid runs at exit) freed.
 Each window is made by its own thread, both at once; rank 1 starts its second group's
 thread first, rank 0 its first group's, so each rank's first window is the one the other
 made second. Creating a window is collective on its own communicator only, so the two
@@ -41,5 +42,7 @@ for t in threads:
     t.join()
 made = [g.key for g in order]
 kv.close()
+registered = sorted(windows._open)
 freed = windows.free_all(timeout=30)
-Path(sys.argv[1], f"rank{kv.rank}.json").write_text(json.dumps({"made": made, "freed": freed}))
+Path(sys.argv[1], f"rank{kv.rank}.json").write_text(
+    json.dumps({"made": made, "registered": registered, "freed": freed}))

@@ -1,0 +1,107 @@
+"""A barrier whose waiting ranks sleep in the kernel, for a group whose ranks share a host.
+
+The store's patient collectives (agreements, the engine path's small sums, the rows'
+gathers and scatters) wait for ranks that are still computing. MPI's own waits spin, and
+``ops.wait_patiently`` polls between short sleeps: a wait of a few milliseconds wakes some
+twenty times, and on a host with fewer cores than busy threads each wake takes CPU from the
+rank being waited for (the communication thread cost 1.2 ms of CPU a step on the LM with 2
+workers). ``HostBarrier.wait`` sleeps on a futex until the last rank arrives
+(``host_barrier.cc``); the collective posted after it then finds every rank there.
+
+It is used where every rank of the group is on one host (MPI's shared-memory split) and the
+helper was built on every rank, the ranks agreeing on both when it is made; elsewhere
+``Group.meet`` does nothing and the collectives wait as before. ``KVHYBRID_HOST_BARRIER=0``
+turns it off.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Optional
+
+import numpy as np
+
+from . import windows
+from .native import load_helper
+
+log = logging.getLogger("kvhybrid")
+
+#: microseconds a waiting rank spins before it sleeps (a rank that arrives within them
+#: costs neither a sleep nor a wake)
+SPIN_US = 50
+#: microseconds of one sleep: the wait loops in Python between them (cheap: a few a second)
+SLEEP_US = 200_000
+
+_LIBRARY: list = []   # [the helper's functions, or None], once looked for
+
+
+def _functions():
+    """``(arrive, wait, announce, hear)`` from the built helper, or None where it was not
+    built or is off."""
+    if _LIBRARY:
+        return _LIBRARY[0]
+    found = None
+    lib = load_helper("_host_barrier", "KVHYBRID_HOST_BARRIER", "patient collectives poll")
+    if lib is not None:
+        arrive, wait = lib.kvhybrid_host_barrier_arrive, lib.kvhybrid_host_barrier_wait
+        announce, hear = lib.kvhybrid_host_barrier_announce, lib.kvhybrid_host_barrier_hear
+        arrive.restype, arrive.argtypes = ctypes.c_uint32, [ctypes.c_void_p, ctypes.c_uint32]
+        announce.restype, announce.argtypes = None, [ctypes.c_void_p]
+        for sleeper in (wait, hear):
+            sleeper.restype = ctypes.c_int
+            sleeper.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int64, ctypes.c_int64]
+        found = (arrive, wait, announce, hear)
+    _LIBRARY.append(found)
+    return found
+
+
+class HostBarrier:
+    """Three words in a shared-memory window of the group's ranks (``host_barrier.cc``)."""
+
+    def __init__(self, win, words: np.ndarray, parties: int, functions):
+        self._win, self._words = win, words   # the window keeps the words' memory mapped
+        self._address = ctypes.c_void_p(words.ctypes.data)
+        self._parties = ctypes.c_uint32(parties)
+        self._arrive, self._wait, self._announce, self._hear = functions
+        #: one-to-many collectives so far (every rank counts the same)
+        self._heard = 0
+
+    @classmethod
+    def make(cls, group) -> Optional["HostBarrier"]:
+        """The group's barrier, or None where it cannot be used (see module). Collective on
+        ``group``: every rank calls it at the same point."""
+        MPI, comm = group.MPI, group.comm
+        functions = _functions()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        usable = np.array([functions is not None and node.Get_size() == comm.Get_size()
+                           and not group.settings.emulate_node_size], dtype=np.int32)
+        comm.Allreduce(MPI.IN_PLACE, usable, op=MPI.MIN)
+        if not usable[0]:
+            node.Free()
+            return None
+        win = MPI.Win.Allocate_shared(12 if node.Get_rank() == 0 else 0, 4, comm=node)
+        buf, _ = win.Shared_query(0)
+        words = np.frombuffer(buf, dtype=np.uint32, count=3)
+        if node.Get_rank() == 0:
+            words[:] = 0
+        node.Barrier()   # (the words are zero before any rank arrives)
+        windows.register(f"{group.key}/barrier", win, node)
+        return cls(win, words, comm.Get_size(), functions)
+
+    def wait(self) -> None:
+        """Return once every rank of the group has called this: the caller sleeps meanwhile.
+        Untimed here: the caller wraps it in its group's watchdog, which names the wait."""
+        seen = ctypes.c_uint32(self._arrive(self._address, self._parties))
+        while self._wait(self._address, seen, SPIN_US, SLEEP_US):
+            pass
+
+    def from_root(self, is_root: bool) -> None:
+        """A one-to-many collective: its root, having posted its part, wakes the others;
+        each of them sleeps until it has (then posts its own part, which finds the root's)."""
+        self._heard += 1
+        if is_root:
+            self._announce(self._address)
+            return
+        count = ctypes.c_uint32(self._heard & 0xFFFFFFFF)
+        while self._hear(self._address, count, SPIN_US, SLEEP_US):
+            pass

@@ -1,0 +1,26 @@
+"""Where kvhybrid's C++ helpers lie: shared libraries ``setup.py`` builds (optional: without
+a compiler or MXNet's headers they are not built), loaded with ctypes, each with a switch."""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+from typing import Optional
+
+log = logging.getLogger("kvhybrid")
+
+
+def load_helper(module: str, switch: str, without: str) -> Optional[ctypes.CDLL]:
+    """The helper built as ``kvhybrid.tensor_collectives.<module>`` (from ``<module>.cc``
+    less its leading underscore), or None where the environment variable ``switch`` is
+    ``0`` or it was not built; ``without`` says what happens then (logged)."""
+    if os.environ.get(switch, "1") == "0":
+        log.debug("%s=0: %s", switch, without)
+        return None
+    spec = importlib.util.find_spec(f"kvhybrid.tensor_collectives.{module}")
+    if spec is None or not spec.origin:
+        log.debug("kvhybrid/tensor_collectives/%s.cc was not built: %s", module.lstrip("_"),
+                  without)
+        return None
+    return ctypes.CDLL(spec.origin)

@@ -1,0 +1,39 @@
+"""The sleeping barrier of a group whose ranks share a host (host_barrier.py), in real
+jobs: it holds every rank until the last arrives, lets the others of a broadcast go only
+once the root posted, and is used on every rank or on none."""
+import json
+
+import pytest
+
+from kvhybrid.tensor_collectives import host_barrier
+from tests.support.jobs import run_job
+
+pytestmark = pytest.mark.skipif(
+    host_barrier._functions() is None,
+    reason="the host barrier's helper was not built (pip install --no-build-isolation -e .)")
+
+
+def _records(tmp_path, n):
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_no_rank_leaves_the_barrier_before_the_last_arrives(tmp_path, ranks):
+    r = run_job(ranks, "host_barrier.py", [tmp_path], timeout=90)
+    assert r.returncode == 0, r.output[-3000:]
+    got = _records(tmp_path, ranks)
+    assert all(g["used"] for g in got)
+    last = max(g["arrived"] for g in got)
+    assert all(g["left"] >= last for g in got)
+    assert all(g["sum"] == ranks * (ranks + 1) / 2 for g in got)
+    root = got[-1]
+    assert all(g["received"] >= root["posted"] for g in got[:-1])
+    assert all(g["broadcast"] == [ranks - 1.0] * 4 for g in got)
+
+
+def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
+    r = run_job(2, "host_barrier.py", [tmp_path, 1], timeout=90)
+    assert r.returncode == 0, r.output[-3000:]
+    got = _records(tmp_path, 2)
+    assert [g["used"] for g in got] == [False, False]
+    assert all(g["sum"] == 3.0 and g["broadcast"] == [1.0] * 4 for g in got)

@@ -1,0 +1,53 @@
+"""A group's host barrier on a real job: a rank passes ``meet`` only once every rank
+arrived, the others of a one-to-many collective only once its root posted, and the ranks
+agree on whether to use it at all.
+
+argv: OUT [RANK_WITHOUT]. RANK_WITHOUT: a rank that turns the barrier off
+(KVHYBRID_HOST_BARRIER=0), which must turn it off on every rank. Rank r writes
+``OUT/rank<r>.json``: whether the barrier was used, when it arrived and left each meeting
+(``time.time()``, one host's clock), and what the collectives after it computed.
+"""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from kvhybrid.tensor_collectives.group import Group, GroupSettings
+from kvhybrid.tensor_collectives.ops import allreduce_patiently, broadcast_view
+
+out = Path(sys.argv[1])
+without = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+if rank == without:
+    os.environ["KVHYBRID_HOST_BARRIER"] = "0"
+group = Group.world(GroupSettings(timeout=60))
+record = {}
+
+# every rank arrives 0.3 s after the one before it
+time.sleep(0.3 * rank)
+record["arrived"] = time.time()
+record["used"] = group.meet()
+record["left"] = time.time()
+
+# a sum waited for patiently, the last rank late
+if rank == group.size - 1:
+    time.sleep(0.3)
+total = np.array([rank + 1.0])
+allreduce_patiently(total, "sum", group, "the test's sum")
+record["sum"] = float(total[0])
+
+# a broadcast from the last rank, which posts 0.5 s after the others wait for it
+root = group.size - 1
+view = np.full(4, float(rank))
+if rank == root:
+    time.sleep(0.5)
+    record["posted"] = time.time()
+broadcast_view(view, root, group, name="the test's array", patient=True)
+record["received"] = time.time()
+record["broadcast"] = view.tolist()
+
+(out / f"rank{rank}.json").write_text(json.dumps(record))
+group.close()

@@ -1,0 +1,71 @@
+"""The host barrier's helper (host_barrier.cc) on words in this process's memory, threads
+standing in for ranks: who waits for whom, timeouts, and counts that wrap."""
+import ctypes
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvhybrid.tensor_collectives import host_barrier
+
+functions = host_barrier._functions()
+pytestmark = pytest.mark.skipif(
+    functions is None,
+    reason="the host barrier's helper was not built (pip install --no-build-isolation -e .)")
+
+
+def _words():
+    words = np.zeros(3, dtype=np.uint32)
+    return words, ctypes.c_void_p(words.ctypes.data)
+
+
+def test_a_waiter_leaves_only_after_the_last_party_arrives():
+    arrive, wait, _, _ = functions
+    words, address = _words()
+    left = []
+
+    def party():
+        seen = arrive(address, 2)
+        while wait(address, seen, 0, 100_000):
+            pass
+        left.append(time.monotonic())
+
+    t = threading.Thread(target=party)
+    t.start()
+    time.sleep(0.2)
+    assert not left   # still asleep: the second party has not come
+    last = time.monotonic()
+    seen = arrive(address, 2)
+    assert wait(address, seen, 0, 1000) == 0   # the last one finds the generation moved
+    t.join(timeout=10)
+    assert left and left[0] >= last
+    assert list(words[:2]) == [0, 1]   # the count reset for the next meeting, one generation
+
+
+def test_a_wait_nobody_ends_returns_after_its_timeout():
+    arrive, wait, _, _ = functions
+    words, address = _words()
+    seen = arrive(address, 2)
+    assert wait(address, seen, 10, 2000) == 1
+    assert words[0] == 1   # still counted in: waiting again must not arrive twice
+
+
+def test_the_others_of_a_one_to_many_collective_wake_when_its_root_announces():
+    _, _, announce, hear = functions
+    words, address = _words()
+    assert hear(address, 1, 0, 2000) == 1   # no root yet
+    announce(address)
+    assert hear(address, 1, 0, 2000) == 0
+    announce(address)
+    announce(address)
+    assert hear(address, 2, 0, 2000) == 0   # a root ahead of this rank is no wait
+
+
+def test_announcement_counts_compare_across_the_wrap():
+    _, _, announce, hear = functions
+    words, address = _words()
+    words[2] = 0xFFFFFFFF
+    assert hear(address, 0, 0, 2000) == 1
+    announce(address)   # wraps to 0
+    assert hear(address, 0, 0, 2000) == 0
