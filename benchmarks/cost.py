@@ -202,9 +202,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     saved = {"command": sys.argv[1:], "measured": measured, "steps": args.steps,
              "warmup": args.warmup, "models": args.models, "systems": args.systems,
              "workers": results, "servers": args.servers_wanted,
-             "batch_size": args.batch_size, "tokens": args.tokens, "rounds": args.rounds,
-             "caller_cpu_ratio": summary(results, args.models)}
-    write_page(args.out, args.name, saved)
+             "batch_size": args.batch_size, "tokens": args.tokens, "rounds": args.rounds}
+    write_page(args.out, args.name, saved)   # (adds the README status rows' ratios)
 
 
 def write_page(out: str, name: str, saved: dict) -> None:

@@ -67,8 +67,10 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
     if not group.meet():
         log.warning("waits: no host barrier here (ranks on several hosts, or its helper not "
                     "built): its row polls")
-    ways = {"spinning": lambda r: r.Wait(), "sleeping": _sleeping, "polling": ops.wait_patiently}
-    met = {"host barrier": group.meet}
+    #: how a way waits for the request, and what it does before posting it
+    ways = {"spinning": lambda r: r.Wait(), "sleeping": _sleeping,
+            "polling": ops.wait_patiently, "host barrier": ops.wait_patiently}
+    before = {"host barrier": group.meet}
     out: Dict[str, Dict[str, List[float]]] = {}
     for rnd in range(args.rounds):
         order = WAYS if rnd % 2 == 0 else WAYS[::-1]
@@ -84,8 +86,9 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
                         if late_ms and comm.rank == late_rank:
                             time.sleep(late_ms / 1e3)
                         t0, c0 = time.perf_counter(), time.thread_time()
-                        met.get(way, lambda: None)()
-                        ways.get(way, ops.wait_patiently)(comm.Iallreduce(MPI.IN_PLACE, buf))
+                        if way in before:
+                            before[way]()
+                        ways[way](comm.Iallreduce(MPI.IN_PLACE, buf))
                         if i >= args.warmup:
                             wall.append(time.perf_counter() - t0)
                             cpu.append(time.thread_time() - c0)

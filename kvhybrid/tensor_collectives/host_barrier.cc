@@ -9,7 +9,6 @@
 // words[2] counts the one-to-many collectives whose root has posted its part (the others
 // sleep until it has, and the root does not wait for them).
 #include <atomic>
-#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <ctime>
@@ -48,7 +47,8 @@ void sleep_on(uint32_t* address, uint32_t seen, int64_t timeout_us) {
 
 extern "C" {
 
-// Count this rank in; returns the generation to wait on (kvhybrid_host_barrier_wait). The
+// Count this rank in; returns the generation it arrived in (kvhybrid_host_barrier_sleep waits
+// for the next). The
 // last of `parties` ranks resets the count, bumps the generation and wakes the others.
 uint32_t kvhybrid_host_barrier_arrive(uint32_t* words, uint32_t parties) {
   std::atomic<uint32_t>* arrived = word(words, 0);
@@ -63,47 +63,30 @@ uint32_t kvhybrid_host_barrier_arrive(uint32_t* words, uint32_t parties) {
   return seen;
 }
 
-// Sleep until the generation moves past `seen`: returns 0 when it has, 1 after `timeout_us`
-// microseconds without (the caller waits again, its watchdog timing the whole wait). Spins
-// `spin_us` first: a rank arriving within that costs no sleep and no wake.
-int kvhybrid_host_barrier_wait(uint32_t* words, uint32_t seen, int64_t spin_us,
-                               int64_t timeout_us) {
-  std::atomic<uint32_t>* generation = word(words, 1);
-  const timespec start = now();
-  const auto elapsed_us = [&start]() { return micros_since(start); };
-  while (elapsed_us() < spin_us) {
-    if (generation->load(std::memory_order_acquire) != seen) return 0;
-  }
-  while (generation->load(std::memory_order_acquire) == seen) {
-    const int64_t left = timeout_us - elapsed_us();
-    if (left <= 0) return 1;
-    sleep_on(words + 1, seen, left);
-  }
-  return 0;
-}
-
 // The root of a one-to-many collective has posted its part: count it and wake the others.
 void kvhybrid_host_barrier_announce(uint32_t* words) {
   word(words, 2)->fetch_add(1, std::memory_order_acq_rel);
   syscall(SYS_futex, words + 2, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-// Sleep until `count` roots have announced (kvhybrid_host_barrier_announce): 0 when they
-// have, 1 after `timeout_us` without. Counts wrap: compared as a signed difference.
-int kvhybrid_host_barrier_hear(uint32_t* words, uint32_t count, int64_t spin_us,
-                               int64_t timeout_us) {
-  std::atomic<uint32_t>* announced = word(words, 2);
+// Sleep until words[index] reaches `count` (the generation one past the one seen at
+// arrival; the announcements a rank has counted): 0 when it has, 1 after `timeout_us`
+// microseconds without (the caller sleeps again, its watchdog timing the whole wait). Spins
+// `spin_us` first: a rank arriving within that costs no sleep and no wake. Counts wrap:
+// compared as a signed difference.
+int kvhybrid_host_barrier_sleep(uint32_t* words, int index, uint32_t count, int64_t spin_us,
+                                int64_t timeout_us) {
+  std::atomic<uint32_t>* counter = word(words, index);
   const auto reached = [count](uint32_t value) { return static_cast<int32_t>(value - count) >= 0; };
   const timespec start = now();
-  const auto elapsed_us = [&start]() { return micros_since(start); };
-  while (elapsed_us() < spin_us) {
-    if (reached(announced->load(std::memory_order_acquire))) return 0;
+  while (micros_since(start) < spin_us) {
+    if (reached(counter->load(std::memory_order_acquire))) return 0;
   }
-  for (uint32_t current = announced->load(std::memory_order_acquire); !reached(current);
-       current = announced->load(std::memory_order_acquire)) {
-    const int64_t left = timeout_us - elapsed_us();
+  for (uint32_t current = counter->load(std::memory_order_acquire); !reached(current);
+       current = counter->load(std::memory_order_acquire)) {
+    const int64_t left = timeout_us - micros_since(start);
     if (left <= 0) return 1;
-    sleep_on(words + 2, current, left);
+    sleep_on(words + index, current, left);
   }
   return 0;
 }

@@ -32,25 +32,29 @@ SPIN_US = 50
 #: microseconds of one sleep: the wait loops in Python between them (cheap: a few a second)
 SLEEP_US = 200_000
 
+#: the words a rank sleeps on (``host_barrier.cc``; word 0 counts the ranks arrived): the
+#: generation, and the roots' announcements
+_GENERATION, _ANNOUNCED = 1, 2
+
 _LIBRARY: list = []   # [the helper's functions, or None], once looked for
 
 
 def _functions():
-    """``(arrive, wait, announce, hear)`` from the built helper, or None where it was not
-    built or is off."""
+    """``(arrive, sleep, announce)`` from the built helper, or None where it was not built
+    or is off."""
     if _LIBRARY:
         return _LIBRARY[0]
     found = None
     lib = load_helper("_host_barrier", "KVHYBRID_HOST_BARRIER", "patient collectives poll")
     if lib is not None:
-        arrive, wait = lib.kvhybrid_host_barrier_arrive, lib.kvhybrid_host_barrier_wait
-        announce, hear = lib.kvhybrid_host_barrier_announce, lib.kvhybrid_host_barrier_hear
+        arrive, sleep = lib.kvhybrid_host_barrier_arrive, lib.kvhybrid_host_barrier_sleep
+        announce = lib.kvhybrid_host_barrier_announce
         arrive.restype, arrive.argtypes = ctypes.c_uint32, [ctypes.c_void_p, ctypes.c_uint32]
         announce.restype, announce.argtypes = None, [ctypes.c_void_p]
-        for sleeper in (wait, hear):
-            sleeper.restype = ctypes.c_int
-            sleeper.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int64, ctypes.c_int64]
-        found = (arrive, wait, announce, hear)
+        sleep.restype = ctypes.c_int
+        sleep.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_int64,
+                          ctypes.c_int64]
+        found = (arrive, sleep, announce)
     _LIBRARY.append(found)
     return found
 
@@ -62,7 +66,7 @@ class HostBarrier:
         self._win, self._words = win, words   # the window keeps the words' memory mapped
         self._address = ctypes.c_void_p(words.ctypes.data)
         self._parties = ctypes.c_uint32(parties)
-        self._arrive, self._wait, self._announce, self._hear = functions
+        self._arrive, self._sleep, self._announce = functions
         #: one-to-many collectives so far (every rank counts the same)
         self._heard = 0
 
@@ -91,9 +95,7 @@ class HostBarrier:
     def wait(self) -> None:
         """Return once every rank of the group has called this: the caller sleeps meanwhile.
         Untimed here: the caller wraps it in its group's watchdog, which names the wait."""
-        seen = ctypes.c_uint32(self._arrive(self._address, self._parties))
-        while self._wait(self._address, seen, SPIN_US, SLEEP_US):
-            pass
+        self._sleep_until(_GENERATION, self._arrive(self._address, self._parties) + 1)
 
     def from_root(self, is_root: bool) -> None:
         """A one-to-many collective: its root, having posted its part, wakes the others;
@@ -102,6 +104,9 @@ class HostBarrier:
         if is_root:
             self._announce(self._address)
             return
-        count = ctypes.c_uint32(self._heard & 0xFFFFFFFF)
-        while self._hear(self._address, count, SPIN_US, SLEEP_US):
+        self._sleep_until(_ANNOUNCED, self._heard)
+
+    def _sleep_until(self, index: int, count: int) -> None:
+        count = ctypes.c_uint32(count & 0xFFFFFFFF)
+        while self._sleep(self._address, index, count, SPIN_US, SLEEP_US):
             pass

@@ -13,6 +13,7 @@ functions = host_barrier._functions()
 pytestmark = pytest.mark.skipif(
     functions is None,
     reason="the host barrier's helper was not built (pip install --no-build-isolation -e .)")
+GENERATION, ANNOUNCED = host_barrier._GENERATION, host_barrier._ANNOUNCED
 
 
 def _words():
@@ -21,13 +22,13 @@ def _words():
 
 
 def test_a_waiter_leaves_only_after_the_last_party_arrives():
-    arrive, wait, _, _ = functions
+    arrive, sleep, _ = functions
     words, address = _words()
     left = []
 
     def party():
         seen = arrive(address, 2)
-        while wait(address, seen, 0, 100_000):
+        while sleep(address, GENERATION, seen + 1, 0, 100_000):
             pass
         left.append(time.monotonic())
 
@@ -37,35 +38,35 @@ def test_a_waiter_leaves_only_after_the_last_party_arrives():
     assert not left   # still asleep: the second party has not come
     last = time.monotonic()
     seen = arrive(address, 2)
-    assert wait(address, seen, 0, 1000) == 0   # the last one finds the generation moved
+    assert sleep(address, GENERATION, seen + 1, 0, 1000) == 0   # the last one: moved already
     t.join(timeout=10)
     assert left and left[0] >= last
     assert list(words[:2]) == [0, 1]   # the count reset for the next meeting, one generation
 
 
 def test_a_wait_nobody_ends_returns_after_its_timeout():
-    arrive, wait, _, _ = functions
+    arrive, sleep, _ = functions
     words, address = _words()
     seen = arrive(address, 2)
-    assert wait(address, seen, 10, 2000) == 1
+    assert sleep(address, GENERATION, seen + 1, 10, 2000) == 1
     assert words[0] == 1   # still counted in: waiting again must not arrive twice
 
 
 def test_the_others_of_a_one_to_many_collective_wake_when_its_root_announces():
-    _, _, announce, hear = functions
+    _, sleep, announce = functions
     words, address = _words()
-    assert hear(address, 1, 0, 2000) == 1   # no root yet
+    assert sleep(address, ANNOUNCED, 1, 0, 2000) == 1   # no root yet
     announce(address)
-    assert hear(address, 1, 0, 2000) == 0
+    assert sleep(address, ANNOUNCED, 1, 0, 2000) == 0
     announce(address)
     announce(address)
-    assert hear(address, 2, 0, 2000) == 0   # a root ahead of this rank is no wait
+    assert sleep(address, ANNOUNCED, 2, 0, 2000) == 0   # a root ahead of this rank is no wait
 
 
-def test_announcement_counts_compare_across_the_wrap():
-    _, _, announce, hear = functions
+def test_counts_compare_across_the_wrap():
+    _, sleep, announce = functions
     words, address = _words()
     words[2] = 0xFFFFFFFF
-    assert hear(address, 0, 0, 2000) == 1
+    assert sleep(address, ANNOUNCED, 0, 0, 2000) == 1
     announce(address)   # wraps to 0
-    assert hear(address, 0, 0, 2000) == 0
+    assert sleep(address, ANNOUNCED, 0, 0, 2000) == 0
