@@ -37,6 +37,8 @@ log = logging.getLogger("benchmarks")
 #: (module, attribute path, label): what is timed; a label names the outermost call only
 TIMED = [
     ("mxnet.gluon", "Block.__call__", "forward (the net's calls)"),
+    ("mxnet.gluon.parameter", "Parameter.row_sparse_data",
+     "  a sparse weight's rows (Gluon, then the store's row_sparse_pull)"),
     ("mxnet.ndarray", "NDArray.backward", "backward"),
     ("mxnet.gluon", "Trainer.step", "trainer.step"),   # (STEP)
     ("mxnet.kvstore", "KVStore.pushpull", "MXNet KVStore: pushpull"),
@@ -58,7 +60,10 @@ TIMED = [
     ("kvhybrid.kvstore.row_exchange", "gather_patiently", "    the gather"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.row_sparse_pull", "store: row_sparse_pull"),
     ("kvhybrid.kvstore.row_exchange", "checked_row_ids", "  check the ids"),
-    ("kvhybrid.kvstore.row_exchange", "PullCheck.start", "  start the check"),
+    ("kvhybrid.kvstore.sparse", "SparsePath._pull_as_before", "  a loop's pull of prefetched ids"),
+    ("kvhybrid.kvstore.sparse", "_holds", "    read the ids, compare with those handed"),
+    ("kvhybrid.kvstore.sparse", "copy", "    the prefetched rows to the out (one copy)"),
+    ("kvhybrid.kvstore.row_exchange", "PullCheck.start", "    start the check"),
     ("kvhybrid.kvstore.row_exchange", "rows_from_prefetch", "  prefetched rows to the out"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.prefetch_rows", "store: prefetch_rows"),
     ("kvhybrid.tensor_collectives.engine", "EngineComm.enqueue", "communication thread: enqueue"),

@@ -78,7 +78,8 @@ def ratios(rounds: List[dict], model: str, system: str, metric: Metric,
            peer: str = PEER) -> List[float]:
     """``system``'s figure ÷ ``peer``'s in each round that ran both (a noisy minute hits
     both alike); rounds where the peer's figure is not positive, or is a communication's
-    CPU within the noise (``NOISE_SHARE``), are left out."""
+    CPU within the noise (``NOISE_SHARE``), or the system's communication came out below
+    zero (the noise of the two figures it is the difference of), are left out."""
     out = []
     for r in rounds:
         runs = r.get(model, {})
@@ -88,7 +89,8 @@ def ratios(rounds: List[dict], model: str, system: str, metric: Metric,
         mine, theirs = metric(runs[system], compute), metric(runs[peer], compute)
         if mine is None or theirs is None or theirs <= 0:
             continue
-        if metric is _communication and theirs < NOISE_SHARE * _machine(runs[peer], None):
+        if metric is _communication and (theirs < NOISE_SHARE * _machine(runs[peer], None)
+                                         or mine < 0):
             continue
         out.append(mine / theirs)
     return out
@@ -222,8 +224,8 @@ def write_page(out: str, name: str, saved: dict) -> None:
         "Machine: every process (workers, servers, scheduler; MXNet's and kvhybrid's own "
         "threads). Communication: the machine's CPU less that of the same processes training "
         "alone (compute only) in the same round; no ratio where `dist_sync`'s is below "
-        f"{NOISE_SHARE:.0%} of its machine CPU (within the noise of the two figures: a "
-        f"negative one says the same). {saved['steps']} steps a job, the first "
+        f"{NOISE_SHARE:.0%} of its machine CPU or a system's is below zero (within the "
+        f"noise of the two figures). {saved['steps']} steps a job, the first "
         f"{saved['warmup']} left out of the times.", "",
         *footer("cost", saved["command"], saved["measured"])]) + "\n"
     write_outputs(out, name, text, saved, plot)

@@ -498,9 +498,9 @@ def cpu_roles_note() -> str:
     return ("each worker's threads by role (the mean over the workers; native: MXNet's engine, "
             "OpenMP, ps-lite and MPI threads), what the rest of the machine used, and the "
             "machine's CPU ÷ its cores: the least a step can take when every core is busy "
-            "(read from /proc in ticks of "
-            f"{1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms over the timed steps, each worker over its "
-            "own: a small remainder can come out slightly below zero).")
+            "(read from /proc over the timed steps: each thread to the nanosecond, the machine "
+            f"in ticks of {1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms, each worker over its own "
+            "steps: a small remainder can come out slightly below zero).")
 
 
 def cpu_roles_row(label: str, r: dict) -> str:

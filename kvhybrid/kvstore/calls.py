@@ -139,7 +139,7 @@ class Calls:
         call = self._memo.get(ident)
         if call is not None:
             if engine is not None:
-                overlap.check_signature(engine, call.signature, f"pushpull of key {key!r}")
+                overlap.check_signature(engine, call.signature, "pushpull", f" of key {key!r}")
             else:
                 self.before_meeting()
                 agree(self.group, "pushpull", call.signature, None, f" of key {key!r}",

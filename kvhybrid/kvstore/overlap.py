@@ -42,10 +42,9 @@ from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..tensor_collectives.operators import Operator
-from ..errors import KeyValueError
-from ..tensor_collectives.ops import allreduce_patiently, copy_to_all
+from ..tensor_collectives.ops import copy_to_all
 from . import flat_update
-from .agreement import digest
+from .agreement import agree
 from .flat_update import FlatSGD
 from .keys import Key, KeySlot
 
@@ -182,22 +181,13 @@ def _own_array(members: List[_Item], seen: collections.Counter) -> Optional[NDAr
     return first.reshape((members[0].slot.count,))
 
 
-def check_signature(comm: EngineComm, signature: str, what: str) -> None:
-    """The agreement of a repeated call, on the communication thread before the call's
-    buckets: one small allreduce there instead of a meeting on the caller's thread. If the
-    ranks' calls differ, the thread stops running collectives (so none is mismatched) and
-    the next call of the store raises, on every rank."""
-    group, sig = comm.group, digest(signature)
-
-    def check() -> None:
-        flags = np.array([sig, -sig], dtype=np.int64)
-        allreduce_patiently(flags, "max", group, lambda: f"the ranks to agree on {what}")
-        if flags[0] != -flags[1]:
-            raise KeyValueError(f"{what} differs between ranks (this rank called {signature}). "
-                                "Every rank must make the same calls, in the same order, with "
-                                "the same arguments")
-
-    comm.enqueue(f"the agreement on {what}", check)
+def check_signature(comm: EngineComm, signature: str, what: str, about: str) -> None:
+    """The agreement of a repeated call (``agree``), on the communication thread before the
+    call's buckets instead of on the caller's thread. If the ranks' calls differ, the thread
+    stops running collectives (so none is mismatched) and the next call of the store raises,
+    on every rank."""
+    comm.enqueue(f"the agreement on {what}{about}",
+                 lambda: agree(comm.group, what, signature, None, about, patient=True))
 
 
 class _Weights:

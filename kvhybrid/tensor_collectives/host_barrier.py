@@ -27,8 +27,10 @@ from .native import load_helper
 log = logging.getLogger("kvhybrid")
 
 #: microseconds a waiting rank spins before it sleeps (a rank that arrives within them
-#: costs neither a sleep nor a wake)
-SPIN_US = 50
+#: costs neither a sleep nor a wake). Short: most waits are for a rank still computing,
+#: whose core a spin takes. With 50 the NMT's communication threads used 1.7-1.9 ms of CPU
+#: a step at 4 workers on 2 cores, with 5 1.55-1.65 (``benchmarks.models``, 4 rounds each)
+SPIN_US = 5
 #: microseconds of one sleep: the wait loops in Python between them (cheap: a few a second)
 SLEEP_US = 200_000
 

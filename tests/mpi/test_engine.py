@@ -58,3 +58,11 @@ def test_calls_sharing_a_key_update_its_current_weight(seen):
     assert seen[0]["shared_key_steps"] == {"100": 2, "101": 4, "102": 2}, seen
     # each call's bucket is updated by one SGD operator over its flat weights
     assert all(s["flat_update_ops"] == 4 for s in seen), seen
+
+
+def test_repeated_calls_in_different_orders_raise_the_same_error_on_every_rank(seen):
+    errors = [s["out_of_order_error"] for s in seen]
+    assert errors[0] and len(set(errors)) == 1, errors
+    for words in ("pushpull differs between ranks", "rank 0 called pushpull key 200",
+                  "rank 1 called pushpull key 201", "same calls, in the same order"):
+        assert words in errors[0], errors[0]

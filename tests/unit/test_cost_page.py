@@ -31,6 +31,11 @@ def test_no_ratio_to_a_communication_within_the_noise():
                      "compute only": run(5, 3.0, 20.0)}}]   # dist_sync's: 0.5 of 20.5 ms
     assert cost.ratios(quiet, "lm", "kvhybrid", cost._communication) == []
     assert cost.cell(quiet, "lm", "kvhybrid", cost._communication) == "10.0"
+    # a system's communication below zero: compute only's noise, no ratio either
+    below = [{"lm": {"kvhybrid": run(10, 4.0, 18.0), "dist_sync": run(8, 2.0, 26.0),
+                     "compute only": run(5, 3.0, 20.0)}}]
+    assert cost.ratios(below, "lm", "kvhybrid", cost._communication) == []
+    assert cost.ratios(below, "lm", "kvhybrid", cost._machine) == [18.0 / 26.0]
 
 
 def test_a_cell_shows_the_median_rounds_figure_and_the_ratios():

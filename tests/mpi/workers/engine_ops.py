@@ -14,7 +14,8 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
 - shared_key_right: two pushpull calls that share a key, alternating, with the store's
   optimizer (each call's bucket moves its keys' weights into one buffer of its own, which
   one SGD operator updates: flat_update.py): every step updates the key's current weight,
-  in the outs and in the store.
+  in the outs and in the store;
+- out_of_order_error: repeated calls made in different orders raise on every rank.
 
 "Still being computed" is made certain, not hoped for: the inputs wait behind a gate (an
 engine operation on a second communication thread that holds them until released), so
@@ -202,6 +203,24 @@ seen["shared_key_right"] = all(
     np.allclose(arr.asnumpy(), 1 - 0.5 * total * steps[k])
     for k in shapes for arr in (outs[k], pulled[k]))
 seen["shared_key_steps"] = {str(k): v for k, v in steps.items()}
+
+# two calls made by every rank in one order, then in different orders: the agreement on the
+# communication thread (in the host barrier, here on one host) finds it before either
+# call's collective, and the store's next call raises the same error on every rank
+for k, shape in ((200, (3,)), (201, (5,))):
+    kv.init(k, mx.nd.zeros(shape))
+calls = {200: mx.nd.ones((3,)), 201: mx.nd.ones((5,))}
+for k in (200, 201):
+    kv.pushpull(k, calls[k])
+mx.nd.waitall()
+try:
+    for k in ((200, 201) if rank == 0 else (201, 200)):
+        kv.pushpull(k, calls[k])
+    mx.nd.waitall()
+    kv.pushpull(200, calls[200])
+    seen["out_of_order_error"] = None
+except KVHybridError as exc:
+    seen["out_of_order_error"] = str(exc)
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump(seen, f)
 kv.close()
