@@ -21,6 +21,8 @@ from ..tensor_collectives.group import Group
 from ..tensor_collectives.ops import allreduce_patiently
 
 _MASK = (1 << 62) - 1
+#: set in what a call's digest brings to the host barrier: never 0, a plain meeting's
+_MEETING = 1 << 62
 
 
 def digest(signature) -> int:
@@ -66,6 +68,22 @@ def agree(group: Group, what: str, signature, local_error: Optional[str], about:
     with group.watchdog.waiting(f"the ranks to exchange why {what}{about} failed"):
         details = group.comm.allgather((local_error, None if local_error else str(signature)))
     raise KeyValueError(explain(what, details))
+
+
+def agree_in_meeting(group: Group, what: str, signature, about: str = "") -> bool:
+    """``agree`` on a call every rank checked already (a repeated one), in the host barrier
+    of the collective that follows (``Group.meet_agreeing``: each rank brings the call's
+    digest) instead of a collective of its own: True, having met (the collective need not
+    meet again), or the same KeyValueError on every rank; False at once where the group has
+    no host barrier (``agree`` it then). Inside the watchdog's wait for that collective."""
+    same = group.meet_agreeing(_MEETING | digest(signature))
+    if same is None:
+        return False
+    if not same:
+        with group.watchdog.waiting(f"the ranks to exchange how {what}{about} differs"):
+            details = group.comm.allgather((None, str(signature)))
+        raise KeyValueError(explain(what, details))
+    return True
 
 
 def _ranks(ranks) -> str:

@@ -20,9 +20,7 @@ from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError
 from ..tensor_collectives import Group
-from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.fusion import on_host
-from . import overlap
 from .agreement import agree
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec
 
@@ -75,6 +73,7 @@ class CheckedCall:
 
     work: list                          # [(key, value arrays, out arrays or None)]
     signature: str                      # what the ranks agree on
+    about: str = ""                     # the call's keys, for errors (" of key 3")
     plan: Optional[tuple] = None        # its fusion buckets (dense.DensePath.plan_buckets)
     engine_plan: Optional[tuple] = None  # its engine buckets (overlap.plan)
 
@@ -129,32 +128,32 @@ class Calls:
         return result
 
     def pushpull(self, key, value, out, build: Callable[[], Tuple[Work, str]],
-                 engine: Optional[EngineComm]) -> CheckedCall:
-        """A checked pushpull, once per repeated call (``build``: ``signed_work``). A training
-        loop repeats the same call with the same arrays every step, and an NDArray's shape,
-        dtype, storage and device never change. The memo holds the arrays, so their handles
-        cannot be reused meanwhile; every call still runs the agreement (on ``engine``'s
-        thread, before the call's buckets, when the dense path runs there)."""
+                 engine: bool) -> Tuple[CheckedCall, bool]:
+        """A checked pushpull, once per repeated call (``build``: ``signed_work``), and whether
+        the ranks agreed on it here. A training loop repeats the same call with the same
+        arrays every step, and an NDArray's shape, dtype, storage and device never change.
+        The memo holds the arrays, so their handles cannot be reused meanwhile; every call
+        still runs the agreement: where the dense path runs on the ``engine``, a repeated
+        call's is left to it (on its communication thread: ``DensePath.pushpull``)."""
         ident = (call_key(key), _handles(value), _handles(out))
         call = self._memo.get(ident)
         if call is not None:
-            if engine is not None:
-                overlap.check_signature(engine, call.signature, "pushpull", f" of key {key!r}")
-            else:
-                self.before_meeting()
-                agree(self.group, "pushpull", call.signature, None, f" of key {key!r}",
-                      patient=self._patient())
-            return call
+            if engine:
+                return call, False
+            self.before_meeting()
+            agree(self.group, "pushpull", call.signature, None, call.about,
+                  patient=self._patient())
+            return call, True
 
         def checked():
             work, signature = build()
-            return CheckedCall(work, signature), signature
+            return CheckedCall(work, signature, f" of key {key!r}"), signature
 
         call = self.check("pushpull", checked, f" of key {key!r}")
         if len(self._memo) >= MEMO_LIMIT:  # a loop that makes new arrays every step
             self._memo.clear()
         self._memo[ident] = call
-        return call
+        return call, True
 
     def checked(self, op: str, key, arrays, build: Callable[[], tuple]) -> tuple:
         """``build()``'s local checks of a call (a push's ``signed_work``, a pull's checks

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ..tensor_collectives.engine import EngineComm
+from ..tensor_collectives.group import Group
 from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..tensor_collectives.operators import Operator
@@ -218,15 +219,24 @@ class _Weights:
                 and (self.flat is None or self.flat.current()))
 
 
-def run(buckets_: Sequence[EngineBucket], comm: EngineComm, updater, priority: int = 0) -> None:
+@dataclass(frozen=True)
+class Agreement:
+    """A call's agreement, made in its first bucket's meeting (``agree_in_meeting``)."""
+    what: str                          # the call, for the wait's name: "pushpull of key 0"
+    meet: Callable[[Group], bool]      # meets (True), or raises on every rank
+
+
+def run(buckets_: Sequence[EngineBucket], comm: EngineComm, updater, priority: int = 0,
+        agreement: Optional[Agreement] = None) -> None:
     """Push one step of a call's buckets (see module): every bucket's gradients into its
     buffer first, then each bucket's allreduce and its update or copy back. Gathering all
     first makes a call that names one array for two keys sum what the array held, not a
-    sum written back into it, as MXNet's stores (every push before any pull)."""
+    sum written back into it, as MXNet's stores (every push before any pull).
+    ``agreement``: the call's, made in the first bucket's meeting (``agree_in_meeting``)."""
     for bucket in buckets_:
         _gather(bucket)
-    for bucket in buckets_:
-        _sum(bucket, comm, updater, priority)
+    for i, bucket in enumerate(buckets_):
+        _sum(bucket, comm, updater, priority, agreement if i == 0 else None)
 
 
 def _gather(bucket: EngineBucket) -> None:
@@ -241,14 +251,17 @@ def _gather(bucket: EngineBucket) -> None:
             arrays[0].copyto(it.total)
 
 
-def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int) -> None:
+def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
+         agreement: Optional[Agreement] = None) -> None:
     group, view = comm.group, bucket.view
+    agreeing = f"the ranks to agree on {agreement.what}, then " if agreement else ""
 
     def allreduce() -> None:   # on the communication thread: the only one using group.comm
-        with group.watchdog.waiting(lambda: f"the engine allreduce of {bucket.name} "
+        with group.watchdog.waiting(lambda: f"{agreeing}the engine allreduce of {bucket.name} "
                                             f"({view.nbytes / 2**20:.2f} MB) on group "
                                             f"{group.name} of {group.size} ranks"):
-            group.algorithms.allreduce(view)
+            met = agreement is not None and agreement.meet(group)
+            group.algorithms.allreduce(view, met=met)
         group.bytes_sent["dense"] += view.nbytes
         group.fused_calls += 1
         group.fused_in_place += bucket.in_place

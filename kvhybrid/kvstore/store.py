@@ -287,10 +287,10 @@ class HybridMPIStore(mx.kv.KVStore):
         """
         self._open()
         self.clock.tick(call_key(key))
-        engine = self._engine if self.dense.on_engine else None
-        call = self.calls.pushpull(key, value, out,
-                                   lambda: self._signed("pushpull", key, value, out), engine)
-        self.dense.pushpull(call, self._updater)
+        call, agreed = self.calls.pushpull(key, value, out,
+                                           lambda: self._signed("pushpull", key, value, out),
+                                           self.dense.on_engine)
+        self.dense.pushpull(call, self._updater, agreed)
 
     @unrecorded
     def push(self, key, value, priority: int = 0) -> None:

@@ -114,16 +114,17 @@ class Algorithms:
             return False
         return nbytes >= SMALL_BYTES or self.topology.nodes > 1
 
-    def allreduce(self, view: np.ndarray) -> str:
-        """Sum ``view`` over the group in place with the selected algorithm; return its name."""
+    def allreduce(self, view: np.ndarray, met: bool = False) -> str:
+        """Sum ``view`` over the group in place with the selected algorithm; return its name.
+        ``met``: every rank has just met in the host barrier (``run``)."""
         name = self.select(view.nbytes)
         size_class = view.nbytes.bit_length()
         if self.forced != "auto" or self.group.size == 1 or size_class in self.chosen \
                 or not self.measured(view.nbytes):
-            self.run(name, view)
+            self.run(name, view, met)
             return name
         start = time.perf_counter()
-        self.run(name, view)
+        self.run(name, view, met)
         trials = self._trials.setdefault(size_class, {})
         trials.setdefault(name, []).append(time.perf_counter() - start)
         candidates = self.candidates()
@@ -142,13 +143,14 @@ class Algorithms:
                  f"{2 ** (size_class - 1):,}", f"{2 ** size_class - 1:,}", self.group.name, best,
                  ", ".join(f"{c} {t * 1e3:.2f}" for c, t in zip(candidates, slowest)))
 
-    def run(self, name: str, view: np.ndarray) -> None:
-        """Sum ``view`` over the group in place with algorithm ``name``."""
+    def run(self, name: str, view: np.ndarray, met: bool = False) -> None:
+        """Sum ``view`` over the group in place with algorithm ``name``; ``met``: every rank
+        has just met in the host barrier (the caller's agreement did), so none meets again."""
         group = self.group
         self.calls[name] += 1
         # a patient group's ranks sleep until all are here (where they share a host), so the
         # algorithm's own waits, which spin, find them there
-        met = self.patient and group.meet()
+        met = met or (self.patient and group.meet())
         if name == "mpi":
             from .ops import _mpi_buffer, _mpi_op, wait_patiently
             MPI = group.MPI

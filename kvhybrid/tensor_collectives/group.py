@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -80,6 +80,20 @@ class Group:
             return False
         self._barrier.wait()
         return True
+
+    def meet_agreeing(self, digest: int) -> Optional[bool]:
+        """``meet``, each rank bringing ``digest`` (a nonzero signed 64-bit number: a digest
+        of the call it makes): whether every rank brought the same (the same answer on every
+        rank), or None at once where the group has no host barrier (agree by a collective
+        then)."""
+        if self._barrier is None:
+            return None
+        return self._barrier.wait(digest)
+
+    @property
+    def meets_on_host(self) -> bool:
+        """Whether ``meet`` and ``meet_agreeing`` use a host barrier (the same on every rank)."""
+        return self._barrier is not None
 
     def from_root(self, root: int) -> bool:
         """A one-to-many collective from ``root``: the root calls this after posting its

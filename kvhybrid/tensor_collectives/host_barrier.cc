@@ -4,10 +4,15 @@
 // machine with fewer cores than busy threads either takes CPU from the rank being waited
 // for. Here a waiting rank sleeps in the kernel (a futex on a word in shared memory) until
 // the last rank arrives and wakes it, so a collective posted after this barrier finds every
-// rank there and finishes without a wait. Three 32-bit words in memory every rank maps:
+// rank there and finishes without a wait. Four 32-bit words in memory every rank maps:
 // words[0] counts the ranks arrived, words[1] is the generation, bumped by the last one;
 // words[2] counts the one-to-many collectives whose root has posted its part (the others
-// sleep until it has, and the root does not wait for them).
+// sleep until it has, and the root does not wait for them); words[3] is padding. After them,
+// two rows of one 64-bit number per rank, one row per parity of the generation: what each
+// rank brought to the meeting (a digest of the call it makes, 0 for none), so the ranks
+// compare their calls in the barrier itself. A rank cannot write a row again before every
+// rank has read it: it would have to pass the next generation's barrier, which needs the
+// readers to arrive there.
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -47,14 +52,18 @@ void sleep_on(uint32_t* address, uint32_t seen, int64_t timeout_us) {
 
 extern "C" {
 
-// Count this rank in; returns the generation it arrived in (kvhybrid_host_barrier_sleep waits
-// for the next). The
-// last of `parties` ranks resets the count, bumps the generation and wakes the others.
-uint32_t kvhybrid_host_barrier_arrive(uint32_t* words, uint32_t parties) {
+// Count rank `rank` in with `digest` (see the top); returns the generation it arrived in
+// (kvhybrid_host_barrier_sleep waits for the next; its parity names the row of digests to
+// read then). The last of `parties` ranks resets the count, bumps the generation and wakes
+// the others.
+uint32_t kvhybrid_host_barrier_arrive(uint32_t* words, uint32_t parties, uint32_t rank,
+                                      int64_t digest) {
   std::atomic<uint32_t>* arrived = word(words, 0);
   std::atomic<uint32_t>* generation = word(words, 1);
   // no rank can bump the generation before this one arrives: it is the one waited for
   const uint32_t seen = generation->load(std::memory_order_acquire);
+  int64_t* digests = reinterpret_cast<int64_t*>(words + 4);
+  digests[(seen & 1) * parties + rank] = digest;   // published by the fetch_add's release
   if (arrived->fetch_add(1, std::memory_order_acq_rel) + 1 == parties) {
     arrived->store(0, std::memory_order_relaxed);
     generation->fetch_add(1, std::memory_order_acq_rel);

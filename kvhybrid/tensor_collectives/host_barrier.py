@@ -12,6 +12,10 @@ It is used where every rank of the group is on one host (MPI's shared-memory spl
 helper was built on every rank, the ranks agreeing on both when it is made; elsewhere
 ``Group.meet`` does nothing and the collectives wait as before. ``KVHYBRID_HOST_BARRIER=0``
 turns it off.
+
+A rank may bring a digest of the call it makes, and every rank reads all of them when the
+barrier opens: the agreement of a repeated pushpull then travels in its first bucket's
+meeting instead of a collective of its own (``agreement.agree_in_meeting``).
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ SLEEP_US = 200_000
 #: the words a rank sleeps on (``host_barrier.cc``; word 0 counts the ranks arrived): the
 #: generation, and the roots' announcements
 _GENERATION, _ANNOUNCED = 1, 2
+#: 32-bit words before the rows of digests (``host_barrier.cc``)
+HEADER_WORDS = 4
 
 _LIBRARY: list = []   # [the helper's functions, or None], once looked for
 
@@ -51,7 +57,8 @@ def _functions():
     if lib is not None:
         arrive, sleep = lib.kvhybrid_host_barrier_arrive, lib.kvhybrid_host_barrier_sleep
         announce = lib.kvhybrid_host_barrier_announce
-        arrive.restype, arrive.argtypes = ctypes.c_uint32, [ctypes.c_void_p, ctypes.c_uint32]
+        arrive.restype = ctypes.c_uint32
+        arrive.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int64]
         announce.restype, announce.argtypes = None, [ctypes.c_void_p]
         sleep.restype = ctypes.c_int
         sleep.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_int64,
@@ -61,13 +68,22 @@ def _functions():
     return found
 
 
-class HostBarrier:
-    """Three words in a shared-memory window of the group's ranks (``host_barrier.cc``)."""
+def window_bytes(parties: int) -> int:
+    """The shared memory a barrier of ``parties`` ranks needs: its words, two rows of digests."""
+    return 4 * HEADER_WORDS + 2 * 8 * parties
 
-    def __init__(self, win, words: np.ndarray, parties: int, functions):
-        self._win, self._words = win, words   # the window keeps the words' memory mapped
+
+class HostBarrier:
+    """Words in a shared-memory window of the group's ranks (``host_barrier.cc``)."""
+
+    def __init__(self, win, memory, rank: int, parties: int, functions):
+        self._win = win   # the window keeps the memory mapped
+        words = np.frombuffer(memory, dtype=np.uint32, count=HEADER_WORDS)
+        #: the digests the ranks brought, one row per parity of the generation
+        self._digests = np.frombuffer(memory, dtype=np.int64, count=2 * parties,
+                                      offset=4 * HEADER_WORDS).reshape(2, parties)
         self._address = ctypes.c_void_p(words.ctypes.data)
-        self._parties = ctypes.c_uint32(parties)
+        self._rank, self._parties = ctypes.c_uint32(rank), ctypes.c_uint32(parties)
         self._arrive, self._sleep, self._announce = functions
         #: one-to-many collectives so far (every rank counts the same)
         self._heard = 0
@@ -85,19 +101,24 @@ class HostBarrier:
         if not usable[0]:
             node.Free()
             return None
-        win = MPI.Win.Allocate_shared(12 if node.Get_rank() == 0 else 0, 4, comm=node)
+        size = window_bytes(comm.Get_size())
+        win = MPI.Win.Allocate_shared(size if node.Get_rank() == 0 else 0, 4, comm=node)
         buf, _ = win.Shared_query(0)
-        words = np.frombuffer(buf, dtype=np.uint32, count=3)
+        memory = memoryview(buf)[:size]
         if node.Get_rank() == 0:
-            words[:] = 0
+            np.frombuffer(memory, dtype=np.uint8)[:] = 0
         node.Barrier()   # (the words are zero before any rank arrives)
         windows.register(f"{group.key}/barrier", win, node)
-        return cls(win, words, comm.Get_size(), functions)
+        return cls(win, memory, comm.Get_rank(), comm.Get_size(), functions)
 
-    def wait(self) -> None:
-        """Return once every rank of the group has called this: the caller sleeps meanwhile.
-        Untimed here: the caller wraps it in its group's watchdog, which names the wait."""
-        self._sleep_until(_GENERATION, self._arrive(self._address, self._parties) + 1)
+    def wait(self, digest: int = 0) -> bool:
+        """Return once every rank of the group has called this (the caller sleeps meanwhile):
+        whether every rank brought the same ``digest`` (a signed 64-bit number). Untimed
+        here: the caller wraps it in its group's watchdog, which names the wait."""
+        seen = self._arrive(self._address, self._parties, self._rank, digest)
+        self._sleep_until(_GENERATION, seen + 1)
+        row = self._digests[seen & 1]
+        return bool((row == digest).all())
 
     def from_root(self, is_root: bool) -> None:
         """A one-to-many collective: its root, having posted its part, wakes the others;

@@ -66,3 +66,10 @@ def test_repeated_calls_in_different_orders_raise_the_same_error_on_every_rank(s
     for words in ("pushpull differs between ranks", "rank 0 called pushpull key 200",
                   "rank 1 called pushpull key 201", "same calls, in the same order"):
         assert words in errors[0], errors[0]
+
+
+def test_a_repeated_calls_agreement_travels_in_its_buckets_meeting_on_one_host(seen):
+    # one collective a call with a host barrier (tests/mpi/test_host_barrier.py: there is
+    # one where the helper was built), two without: the agreement's own and the bucket
+    for s in seen:
+        assert s["repeated_call_collectives"] == (3 if s["meets_on_host"] else 6), seen

@@ -29,6 +29,7 @@ def test_no_rank_leaves_the_barrier_before_the_last_arrives(tmp_path, ranks):
     root = got[-1]
     assert all(g["received"] >= root["posted"] for g in got[:-1])
     assert all(g["broadcast"] == [ranks - 1.0] * 4 for g in got)
+    assert all(g["agreeing"] == [True, False] for g in got)   # rank 0's differed: all know
 
 
 def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
@@ -37,3 +38,4 @@ def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
     got = _records(tmp_path, 2)
     assert [g["used"] for g in got] == [False, False]
     assert all(g["sum"] == 3.0 and g["broadcast"] == [1.0] * 4 for g in got)
+    assert all(g["agreeing"] == [None, None] for g in got)   # agree by a collective then

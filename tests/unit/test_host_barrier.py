@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(
 GENERATION, ANNOUNCED = host_barrier._GENERATION, host_barrier._ANNOUNCED
 
 
-def _words():
-    words = np.zeros(3, dtype=np.uint32)
+def _words(parties=2):
+    words = np.zeros(host_barrier.window_bytes(parties) // 4, dtype=np.uint32)
     return words, ctypes.c_void_p(words.ctypes.data)
 
 
@@ -27,7 +27,7 @@ def test_a_waiter_leaves_only_after_the_last_party_arrives():
     left = []
 
     def party():
-        seen = arrive(address, 2)
+        seen = arrive(address, 2, 0, 0)
         while sleep(address, GENERATION, seen + 1, 0, 100_000):
             pass
         left.append(time.monotonic())
@@ -37,7 +37,7 @@ def test_a_waiter_leaves_only_after_the_last_party_arrives():
     time.sleep(0.2)
     assert not left   # still asleep: the second party has not come
     last = time.monotonic()
-    seen = arrive(address, 2)
+    seen = arrive(address, 2, 1, 0)
     assert sleep(address, GENERATION, seen + 1, 0, 1000) == 0   # the last one: moved already
     t.join(timeout=10)
     assert left and left[0] >= last
@@ -47,7 +47,7 @@ def test_a_waiter_leaves_only_after_the_last_party_arrives():
 def test_a_wait_nobody_ends_returns_after_its_timeout():
     arrive, sleep, _ = functions
     words, address = _words()
-    seen = arrive(address, 2)
+    seen = arrive(address, 2, 0, 0)
     assert sleep(address, GENERATION, seen + 1, 10, 2000) == 1
     assert words[0] == 1   # still counted in: waiting again must not arrive twice
 
@@ -70,3 +70,27 @@ def test_counts_compare_across_the_wrap():
     assert sleep(address, ANNOUNCED, 0, 0, 2000) == 1
     announce(address)   # wraps to 0
     assert sleep(address, ANNOUNCED, 0, 0, 2000) == 0
+
+
+def test_every_party_reads_what_each_brought_in_the_row_of_its_generation():
+    arrive, sleep, _ = functions
+    words, address = _words(3)
+    digests = words[host_barrier.HEADER_WORDS:].view(np.int64).reshape(2, 3)
+    rows = {}
+
+    def party(rank, brought):
+        for digest in brought:
+            seen = arrive(address, 3, rank, digest)
+            while sleep(address, GENERATION, seen + 1, 0, 100_000):
+                pass
+            rows.setdefault(rank, []).append(digests[seen & 1].tolist())
+
+    brought = {0: [7, -1, 5], 1: [7, 2**62 + 3, 5], 2: [7, 0, 5]}
+    threads = [threading.Thread(target=party, args=(r, brought[r])) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    # every party read every party's digest of each meeting (a fast party may be in the
+    # next meeting, writing the other row, while a slow one reads)
+    assert all(rows[r] == [[7, 7, 7], [-1, 2**62 + 3, 0], [5, 5, 5]] for r in range(3)), rows

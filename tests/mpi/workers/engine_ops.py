@@ -15,6 +15,8 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
   optimizer (each call's bucket moves its keys' weights into one buffer of its own, which
   one SGD operator updates: flat_update.py): every step updates the key's current weight,
   in the outs and in the store;
+- repeated_call_collectives: a repeated lone pushpull is one collective where the ranks
+  share a host (its agreement in its bucket's meeting), two elsewhere;
 - out_of_order_error: repeated calls made in different orders raise on every rank.
 
 "Still being computed" is made certain, not hoped for: the inputs wait behind a gate (an
@@ -213,6 +215,14 @@ calls = {200: mx.nd.ones((3,)), 201: mx.nd.ones((5,))}
 for k in (200, 201):
     kv.pushpull(k, calls[k])
 mx.nd.waitall()
+# a repeated call's agreement travels in its bucket's meeting where the ranks share a host
+dog = kv.engine.group.watchdog
+before = dog.collectives
+for _ in range(3):
+    kv.pushpull(200, calls[200])
+mx.nd.waitall()
+seen["repeated_call_collectives"] = dog.collectives - before
+seen["meets_on_host"] = kv.engine.group.meets_on_host
 try:
     for k in ((200, 201) if rank == 0 else (201, 200)):
         kv.pushpull(k, calls[k])

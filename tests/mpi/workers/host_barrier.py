@@ -1,6 +1,7 @@
 """A group's host barrier on a real job: a rank passes ``meet`` only once every rank
-arrived, the others of a one-to-many collective only once its root posted, and the ranks
-agree on whether to use it at all.
+arrived, the others of a one-to-many collective only once its root posted, every rank
+learns whether all brought the same digest (``meet_agreeing``), and the ranks agree on
+whether to use it at all.
 
 argv: OUT [RANK_WITHOUT]. RANK_WITHOUT: a rank that turns the barrier off
 (KVHYBRID_HOST_BARRIER=0), which must turn it off on every rank. Rank r writes
@@ -48,6 +49,9 @@ if rank == root:
 broadcast_view(view, root, group, name="the test's array", patient=True)
 record["received"] = time.time()
 record["broadcast"] = view.tolist()
+
+# an agreement in the barrier: every rank learns whether all brought the same digest
+record["agreeing"] = [group.meet_agreeing(11), group.meet_agreeing(11 + (rank == 0))]
 
 (out / f"rank{rank}.json").write_text(json.dumps(record))
 group.close()
