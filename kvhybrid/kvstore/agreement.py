@@ -65,6 +65,13 @@ def agree(group: Group, what: str, signature, local_error: Optional[str], about:
             group.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
     if flags[0] == -flags[1] and flags[2] == 0:
         return
+    _raise_explained(group, what, signature, local_error, about)
+
+
+def _raise_explained(group: Group, what: str, signature, local_error: Optional[str],
+                     about: str) -> None:
+    """The ranks found their calls differ or one failed: exchange why, and raise it (the same
+    error on every rank)."""
     with group.watchdog.waiting(f"the ranks to exchange why {what}{about} failed"):
         details = group.comm.allgather((local_error, None if local_error else str(signature)))
     raise KeyValueError(explain(what, details))
@@ -80,9 +87,7 @@ def agree_in_meeting(group: Group, what: str, signature, about: str = "") -> boo
     if same is None:
         return False
     if not same:
-        with group.watchdog.waiting(f"the ranks to exchange how {what}{about} differs"):
-            details = group.comm.allgather((None, str(signature)))
-        raise KeyValueError(explain(what, details))
+        _raise_explained(group, what, signature, None, about)
     return True
 
 

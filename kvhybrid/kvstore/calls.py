@@ -76,6 +76,7 @@ class CheckedCall:
     about: str = ""                     # the call's keys, for errors (" of key 3")
     plan: Optional[tuple] = None        # its fusion buckets (dense.DensePath.plan_buckets)
     engine_plan: Optional[tuple] = None  # its engine buckets (overlap.plan)
+    meeting: Optional[object] = None    # its agreement in a bucket's meeting (overlap.Agreement)
 
 
 Work = List[Tuple[Key, list, Optional[list]]]
@@ -128,17 +129,17 @@ class Calls:
         return result
 
     def pushpull(self, key, value, out, build: Callable[[], Tuple[Work, str]],
-                 engine: bool) -> Tuple[CheckedCall, bool]:
+                 on_engine: bool) -> Tuple[CheckedCall, bool]:
         """A checked pushpull, once per repeated call (``build``: ``signed_work``), and whether
         the ranks agreed on it here. A training loop repeats the same call with the same
         arrays every step, and an NDArray's shape, dtype, storage and device never change.
         The memo holds the arrays, so their handles cannot be reused meanwhile; every call
-        still runs the agreement: where the dense path runs on the ``engine``, a repeated
+        still runs the agreement: where the dense path runs ``on_engine``, a repeated
         call's is left to it (on its communication thread: ``DensePath.pushpull``)."""
         ident = (call_key(key), _handles(value), _handles(out))
         call = self._memo.get(ident)
         if call is not None:
-            if engine:
+            if on_engine:
                 return call, False
             self.before_meeting()
             agree(self.group, "pushpull", call.signature, None, call.about,

@@ -117,22 +117,21 @@ class DensePath:
         returns at once with the keys left to do one by one (none with elements). A call
         not ``agreed`` yet is agreed on the communication thread: in its first bucket's
         meeting where the ranks share a host (no collective of its own: a lone 4 MB
-        pushpull's sum began 250-390 us after the call on 4 ranks with one, since two
-        meetings), else in a small allreduce before its buckets."""
+        pushpull's sum began 266-407 us after the call on 4 ranks with one, 122-146
+        with none), else in a small allreduce before its buckets."""
         if call.engine_plan is None:
             call.engine_plan = overlap.plan(call.work, self.slots, self.bucket_bytes,
                                             self.shared_grads)
-        buckets_, rest = call.engine_plan
-        agreement = None
-        if not agreed:
-            if buckets_ and self.engine.group.meets_on_host:
-                agreement = overlap.Agreement(
+            if call.engine_plan[0] and self.engine.group.meets_on_host:   # (made once)
+                call.meeting = overlap.Agreement(
                     f"pushpull{call.about}", functools.partial(
                         agree_in_meeting, what="pushpull", signature=call.signature,
                         about=call.about))
-            else:
-                overlap.check_signature(self.engine, call.signature, "pushpull", call.about)
-        overlap.run(buckets_, self.engine, updater, agreement=agreement)
+        buckets_, rest = call.engine_plan
+        if not agreed and call.meeting is None:
+            overlap.check_signature(self.engine, call.signature, "pushpull", call.about)
+        overlap.run(buckets_, self.engine, updater,
+                    agreement=call.meeting if not agreed else None)
         return rest
 
     def _round_trips(self, call: CheckedCall, updater):
