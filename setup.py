@@ -1,5 +1,6 @@
 """kvhybrid: a hybrid MPI + parameter-server KVStore for MXNet."""
 import logging
+import os
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -16,6 +17,7 @@ class BuildAgainstMXNet(build_ext):
         try:
             import mxnet
             include = mxnet.libinfo.find_include_path()
+            library = os.path.dirname(mxnet.libinfo.find_lib_path()[0])
             mkldnn = mxnet.runtime.Features().is_enabled("MKLDNN")
         except Exception as exc:   # (an isolated build, or a broken MXNet)
             logging.warning("kvhybrid: not building its C++ helper (MXNet not importable: "
@@ -23,6 +25,9 @@ class BuildAgainstMXNet(build_ext):
             return
         for ext in self.extensions:
             ext.include_dirs += [include, f"{include}/mkldnn"]
+            if ext.libraries:   # (libmxnet.so has no soname: linked by its directory)
+                ext.library_dirs.append(library)
+                ext.runtime_library_dirs.append(library)
             # the NDArray's layout depends on MKLDNN; the rest turns off what the headers
             # would otherwise want (CUDA, BLAS headers) and matches the wheel's C++ ABI
             ext.define_macros += [("MXNET_USE_MKLDNN", "1" if mkldnn else "0"),
@@ -45,6 +50,7 @@ setup(
     # loaded with ctypes, not imported: a plain shared library with a module's file name
     ext_modules=[Extension("kvhybrid.tensor_collectives._ndarray_aux",
                            ["kvhybrid/tensor_collectives/ndarray_aux.cc"], language="c++",
+                           libraries=["mxnet"],   # (MXNet's C API and CopyFromTo)
                            extra_compile_args=["-O2", "-std=c++17"], optional=True),
                  # the sleeping barrier of a group's ranks on one host (needs no MXNet)
                  Extension("kvhybrid.tensor_collectives._host_barrier",

@@ -55,6 +55,8 @@ TIMED = [
     ("kvhybrid.kvstore.overlap", "copy_to_all", "    weights to the outs"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.push", "store: push (rows)"),
     ("kvhybrid.kvstore.sparse", "SparsePath.settle_pulls", "  settle the prefetched pulls' checks"),
+    ("kvhybrid.kvstore.calls", "Calls.checked", "  the call's memo (checked once)"),
+    ("kvhybrid.kvstore.sparse", "SparsePath._read_rows", "  the gradient, by reference"),
     ("kvhybrid.kvstore.sparse", "local_ids", "  read the gradient's row ids"),
     ("kvhybrid.kvstore.row_exchange", "push_and_prefetch", "  rows to the master, next ids"),
     ("kvhybrid.kvstore.row_exchange", "gather_patiently", "    the gather"),

@@ -1,14 +1,34 @@
-// kvhybrid's C++ helper, built against the installed MXNet's headers (setup.py), as Horovod
-// builds its MXNet operators: where a row_sparse array's row ids lie.
+// kvhybrid's C++ helper, built against the installed MXNet's headers and linked to its
+// library (setup.py), as Horovod builds its MXNet operators. Loaded with ctypes
+// (ndarray_view.py), which checks each answer against MXNet's own before using it.
 //
-// MXNet's C API hands a row_sparse array's indices out as a new array filled by an engine
-// operation (MXNDArrayGetAuxNDArray), which the caller then waits for and copies again: a
-// round trip through the engine for a few thousand ids, on the caller's thread, every push
-// of rows. The ids already lie in host memory; this returns where. Loaded with ctypes
-// (ndarray_view.py), which checks it against MXNet's own answer before using it.
+// - Where a row_sparse array's row ids lie. MXNet's C API hands a row_sparse array's indices
+//   out as a new array filled by an engine operation (MXNDArrayGetAuxNDArray), which the
+//   caller then waits for and copies again: a round trip through the engine for a few
+//   thousand ids, on the caller's thread, every push of rows. The ids already lie in host
+//   memory; this returns where.
+// - A training loop's pull of prefetched rows, in two calls: whether the batch's ids are
+//   those handed over (read in place, not copied into numpy first), and the engine copy
+//   of the rows into the out that MXNet's own kvstore pushes (CopyFromTo), without the
+//   operator dispatch of `_copyto` (its name lookup, shape and storage inference).
 #include <cstdint>
+#include <exception>
 
+#include <mxnet/c_api.h>
 #include <mxnet/ndarray.h>
+
+namespace {
+
+template <typename T, typename As>
+int equal_as(const void* data, const int64_t* expected, int64_t count) {
+  const T* values = static_cast<const T*>(data);
+  for (int64_t i = 0; i < count; ++i) {
+    if (static_cast<As>(values[i]) != static_cast<As>(expected[i])) return 0;
+  }
+  return 1;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -28,6 +48,43 @@ int kvhybrid_row_sparse_ids(const void* handle, const int64_t** ids, int64_t* co
   *ids = *count ? static_cast<const int64_t*>(array->aux_data(mxnet::rowsparse::kIdx).dptr_)
                 : nullptr;
   return 0;
+}
+
+// Whether a dense host array holds `expected` (`count` int64 ids), value by value and
+// compared as numpy's == compares them (as doubles where the array holds floats), once the
+// engine has written it. Returns 1 equal, 0 not, or where it cannot tell: -1 not a dense
+// host array, -2 a dtype it does not read, -3 MXNet failed (the caller asks numpy).
+int kvhybrid_ids_equal(void* handle, const int64_t* expected, int64_t count) {
+  const auto* array = static_cast<const mxnet::NDArray*>(handle);
+  if (array->is_none() || array->storage_type() != mxnet::kDefaultStorage ||
+      array->ctx().dev_mask() != mshadow::cpu::kDevMask) {
+    return -1;
+  }
+  if (static_cast<int64_t>(array->shape().Size()) != count) return 0;
+  void* data = nullptr;
+  if (MXNDArrayWaitToRead(handle) != 0 || MXNDArrayGetData(handle, &data) != 0) return -3;
+  switch (array->dtype()) {
+    case mshadow::kFloat32: return equal_as<float, double>(data, expected, count);
+    case mshadow::kFloat64: return equal_as<double, double>(data, expected, count);
+    case mshadow::kInt64: return equal_as<int64_t, int64_t>(data, expected, count);
+    case mshadow::kInt32: return equal_as<int32_t, int64_t>(data, expected, count);
+    case mshadow::kUint8: return equal_as<uint8_t, int64_t>(data, expected, count);
+    case mshadow::kInt8: return equal_as<int8_t, int64_t>(data, expected, count);
+    default: return -2;
+  }
+}
+
+// Queue MXNet's engine copy of `from` into `to` (any storage, the same shape; a row_sparse
+// out takes the rows of `from`), as MXNet's kvstore copies pulled rows into an out. Returns
+// 0, or 1 where MXNet refused (the caller copies through `_copyto`, which says why).
+int kvhybrid_engine_copy(const void* from, const void* to, int priority) {
+  try {
+    mxnet::CopyFromTo(*static_cast<const mxnet::NDArray*>(from),
+                      *static_cast<const mxnet::NDArray*>(to), priority, false);
+    return 0;
+  } catch (const std::exception&) {
+    return 1;
+  }
 }
 
 }  // extern "C"

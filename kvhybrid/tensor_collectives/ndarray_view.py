@@ -16,7 +16,9 @@ A row_sparse array's row ids are read in place too (``row_sparse_ids``), and a n
 written in place, through the C++ helper ``ndarray_aux.cc`` that setup.py builds against
 MXNet's headers: MXNet's ``indices`` is a new array filled by an engine operation, and
 setting them is a synchronous engine copy, a round trip each that a push of rows paid for
-every gradient and every array of rows it made.
+every gradient and every array of rows it made. The helper also compares a batch's ids
+with those handed over where they lie (``ids_equal``), and queues MXNet's own engine copy
+(``engine_copy``, ``CopyFromTo``), which a training loop's pull of prefetched rows makes.
 """
 from __future__ import annotations
 
@@ -159,8 +161,22 @@ class ViewCache:
         self._elsewhere.clear()
 
 
-# -- row ids in place (the C++ helper) --------------------------------------------------------
-_NATIVE: list = []   # [the helper's function, or None], once looked for
+# -- the C++ helper (ndarray_aux.cc) -----------------------------------------------------------
+_LIBRARY: list = []   # [the helper's library, or None], once looked for
+_NATIVE: list = []    # [kvhybrid_row_sparse_ids, or None], once checked
+_PULL: list = []      # [(kvhybrid_ids_equal, kvhybrid_engine_copy), or None], once checked
+
+
+def _library() -> Optional[ctypes.CDLL]:
+    if not _LIBRARY:
+        _LIBRARY.append(load_helper("_ndarray_aux", "KVHYBRID_CPP_HELPER",
+                                    "row ids are read through MXNet's engine"))
+    return _LIBRARY[0]
+
+
+def _reads_wrong(what: str) -> None:
+    log.warning("kvhybrid's C++ helper (%s) %s wrong: not using it (rebuild it against this "
+                "MXNet: pip install --no-build-isolation -e .)", _library()._name, what)
 
 
 def _native_row_ids():
@@ -171,8 +187,7 @@ def _native_row_ids():
     if _NATIVE:
         return _NATIVE[0]
     function = None
-    lib = load_helper("_ndarray_aux", "KVHYBRID_CPP_HELPER",
-                      "row ids are read through MXNet's engine")
+    lib = _library()
     if lib is not None:
         function = lib.kvhybrid_row_sparse_ids
         function.restype = ctypes.c_int
@@ -181,12 +196,63 @@ def _native_row_ids():
         probe = mx.nd.sparse.row_sparse_array(
             (np.ones((3, 2), np.float32), np.array([2, 5, 11], np.int64)), shape=(16, 2))
         if not np.array_equal(_read_row_ids(function, probe), probe.indices.asnumpy()):
-            log.warning("kvhybrid's C++ helper (%s) reads this MXNet's arrays wrong: not "
-                        "using it (rebuild it against this MXNet: pip install "
-                        "--no-build-isolation -e .)", lib._name)
+            _reads_wrong("reads this MXNet's arrays")
             function = None
     _NATIVE.append(function)
     return function
+
+
+def _native_pull():
+    """The helper's ``kvhybrid_ids_equal`` and ``kvhybrid_engine_copy``, or None where it
+    was not built (or before they were in it), is turned off, or either answers otherwise
+    than numpy and ``_copyto`` on arrays made here."""
+    if _PULL:
+        return _PULL[0]
+    lib, functions = _library(), None
+    if lib is not None and hasattr(lib, "kvhybrid_engine_copy"):
+        equal, copy = lib.kvhybrid_ids_equal, lib.kvhybrid_engine_copy
+        equal.restype, copy.restype = ctypes.c_int, ctypes.c_int
+        equal.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        functions = (equal, copy)
+        ids = np.array([2, 5, 11], np.int64)
+        answers = [_ids_equal(functions, mx.nd.array(values, dtype=dtype), ids)
+                   for values, dtype in (([2, 5, 11], "float32"), ([2, 5, 11], "int64"),
+                                         ([2, 5, 12], "float32"), ([2.5, 5, 11], "float64"))]
+        rows = mx.nd.sparse.row_sparse_array((np.arange(6, dtype=np.float32).reshape(3, 2),
+                                              ids), shape=(16, 2))
+        out = empty_row_sparse((16, 2), np.float32)
+        copied = copy(rows.handle, out.handle, 0) == 0 and \
+            np.array_equal(out.asnumpy(), rows.asnumpy())
+        if answers != [True, True, False, False] or not copied:
+            _reads_wrong("compares or copies this MXNet's arrays")
+            functions = None
+    _PULL.append(functions)
+    return functions
+
+
+def ids_equal(arr: NDArray, ids: np.ndarray) -> Optional[bool]:
+    """Whether the dense host array ``arr`` holds the int64 ``ids``, value by value as
+    numpy's ``==`` compares them, read in place once the engine has written it (a batch's
+    ids: ``asnumpy`` would copy them into a new array first); None where the helper cannot
+    tell (no helper, another device or dtype): compare in numpy then."""
+    functions = _native_pull()
+    if functions is None or ids.dtype != np.int64 or not ids.flags.c_contiguous:
+        return None
+    return _ids_equal(functions, arr, ids)
+
+
+def _ids_equal(functions, arr: NDArray, ids: np.ndarray) -> Optional[bool]:
+    answer = functions[0](arr.handle, ids.ctypes.data, len(ids))
+    return None if answer < 0 else bool(answer)
+
+
+def engine_copy(src: NDArray, dst: NDArray) -> bool:
+    """Queue MXNet's engine copy of ``src`` into ``dst`` through the helper (the copy
+    MXNet's kvstore makes of pulled rows, without ``_copyto``'s operator dispatch); False,
+    having done nothing, where it cannot (then copy through ``_copyto``)."""
+    functions = _native_pull()
+    return functions is not None and functions[1](src.handle, dst.handle, 0) == 0
 
 
 def _read_row_ids(function, arr: NDArray, wait: bool = True) -> Optional[np.ndarray]:

@@ -16,6 +16,8 @@ from typing import Dict, Sequence
 from mxnet.base import _LIB, NDArrayHandle, c_str, check_call
 from mxnet.ndarray import NDArray
 
+from .ndarray_view import engine_copy
+
 _OP_HANDLES: Dict[str, ctypes.c_void_p] = {}
 
 
@@ -85,6 +87,9 @@ class Operator:
 
 def copy(src: NDArray, dst: NDArray) -> None:
     """``src.copyto(dst)`` for two arrays of the same shape (any storage), without the
-    Python wrapper's cost; for a pair used once (no ``Operator`` built)."""
+    Python wrapper's cost; for a pair used once (no ``Operator`` built). Through the C++
+    helper's ``CopyFromTo`` where it runs, else the ``_copyto`` operator."""
+    if engine_copy(src, dst):
+        return
     _push(_op_handle("_copyto"), (NDArrayHandle * 1)(src.handle), 1,
           (NDArrayHandle * 1)(dst.handle), 1)

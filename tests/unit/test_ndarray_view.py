@@ -6,8 +6,10 @@ import numpy as np
 import mxnet as mx
 import pytest
 
-from kvhybrid.tensor_collectives.ndarray_view import (host_array, host_row_sparse, host_view,
-                                                    is_host, new_host_row_sparse,
+from kvhybrid.tensor_collectives.ndarray_view import (_native_pull, empty_row_sparse,
+                                                    engine_copy, host_array, host_row_sparse,
+                                                    host_view, ids_equal, is_host,
+                                                    new_host_row_sparse,
                                                     reads_row_ids_in_place, row_sparse_ids,
                                                     wait_to_write)
 
@@ -119,13 +121,52 @@ def test_row_ids_are_a_copy_that_outlives_the_next_backward():
 def test_without_the_helper_row_ids_come_through_mxnet(monkeypatch):
     # a machine without a compiler (or KVHYBRID_CPP_HELPER=0): the same ids, the engine's way
     from kvhybrid.tensor_collectives import ndarray_view
-    monkeypatch.setattr(ndarray_view, "_NATIVE", [])
+    for found in ("_LIBRARY", "_NATIVE", "_PULL"):
+        monkeypatch.setattr(ndarray_view, found, [])
     monkeypatch.setenv("KVHYBRID_CPP_HELPER", "0")
     grad = _sparse_grad([[4, 1, 4]])
     assert not reads_row_ids_in_place() and not reads_row_ids_in_place(grad)
     assert row_sparse_ids(grad).tolist() == [1, 4]
     with pytest.raises(ValueError, match="reads_row_ids_in_place"):
         row_sparse_ids(grad, wait=False)
+    # ids compared in numpy instead, rows copied through the _copyto operator
+    assert ids_equal(mx.nd.array([1, 4]), np.array([1, 4], np.int64)) is None
+    assert not engine_copy(grad, mx.nd.sparse.zeros("row_sparse", (100, 4)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "int8"])
+def test_ids_are_compared_in_place_as_numpy_compares_them(dtype):
+    ids = np.array([3, 0, 7, 7, 120], np.int64)
+    for values in ([3, 0, 7, 7, 120], [3, 0, 7, 7, 121], [3, 0, 7, 7], [3, 0, 7, 7, 120, 1]):
+        arr = mx.nd.array(values, dtype=dtype)
+        expected = arr.asnumpy().shape == ids.shape and bool((arr.asnumpy() == ids).all())
+        assert ids_equal(arr, ids) is expected, values
+    # a batch of 2 x 3 ids, still being written by the engine: waited for, read flat
+    batch = mx.nd.array([[1, 2, 3], [4, 5, 6]], dtype=dtype) * 1
+    assert ids_equal(batch, np.arange(1, 7, dtype=np.int64)) is True
+
+
+def test_ids_that_are_not_whole_or_not_readable_in_place():
+    ids = np.array([2, 5], np.int64)
+    assert ids_equal(mx.nd.array([2.5, 5], dtype="float64"), ids) is False
+    assert ids_equal(mx.nd.array([2, 5], dtype="float16"), ids) is None   # (numpy's turn)
+    rows = mx.nd.sparse.row_sparse_array((np.ones((2, 1), np.float32), ids), shape=(8, 1))
+    assert ids_equal(rows, ids) is None
+    assert ids_equal(mx.nd.array([2, 5]), ids.astype(np.int32)) is None
+
+
+def test_rows_are_copied_by_mxnets_copy_from_to():
+    assert _native_pull() is not None   # (a build that lost it must fail here)
+    rows = mx.nd.sparse.row_sparse_array((np.arange(6, dtype=np.float32).reshape(3, 2),
+                                          np.array([1, 4, 9], np.int64)), shape=(12, 2))
+    out = empty_row_sparse((12, 2), np.float32)
+    assert engine_copy(rows, out)
+    assert out.indices.asnumpy().tolist() == [1, 4, 9]
+    assert np.array_equal(out.asnumpy(), rows.asnumpy())
+    dense = mx.nd.zeros((12, 2))
+    assert engine_copy(rows, dense) and np.array_equal(dense.asnumpy(), rows.asnumpy())
+    # shapes that differ: MXNet refuses, the helper says so instead of raising through ctypes
+    assert not engine_copy(rows, mx.nd.zeros((3, 2)))
 
 
 def test_view_cache_looks_up_where_an_array_lies_once(monkeypatch):
