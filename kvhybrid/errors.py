@@ -3,6 +3,8 @@
 Every one is an ``mx.base.MXNetError`` (a ``RuntimeError``): code written for MXNet's own
 stores catches that around kvstore calls, and must catch kvhybrid's errors the same way.
 """
+from collections import defaultdict
+
 from mxnet.base import MXNetError
 
 
@@ -24,3 +26,26 @@ class KeyValueError(KVHybridError, ValueError):
 
 class ConfigError(KVHybridError, ValueError):
     """An environment setting has a value kvhybrid cannot use."""
+
+
+def _ranks(ranks) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def explain(what: str, details) -> str:
+    """The KeyValueError every rank raises when the ranks' calls differ or one failed its
+    checks: what failed where, or how the calls differ (``details``: each rank's (local
+    error, call text))."""
+    errors = defaultdict(list)
+    for rank, (error, _) in enumerate(details):
+        if error:
+            errors[error].append(rank)
+    if errors:
+        parts = [f"{_ranks(ranks)}: {error}" for error, ranks in errors.items()]
+        return f"{what} failed on {'; '.join(parts)}"
+    calls = defaultdict(list)
+    for rank, (_, sig) in enumerate(details):
+        calls[sig].append(rank)
+    parts = [f"{_ranks(ranks)} called {sig}" for sig, ranks in calls.items()]
+    return (f"{what} differs between ranks: {'; '.join(parts)}. Every rank must make the same "
+            "calls, in the same order, with the same arguments (keys, shapes, dtypes, settings)")

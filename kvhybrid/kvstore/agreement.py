@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections import defaultdict
 from typing import Optional
 
 import numpy as np
 
-from ..errors import KeyValueError
+from ..errors import KeyValueError, explain
 from ..tensor_collectives.group import Group
 from ..tensor_collectives.ops import allreduce_patiently
 
@@ -65,16 +64,7 @@ def agree(group: Group, what: str, signature, local_error: Optional[str], about:
             group.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
     if flags[0] == -flags[1] and flags[2] == 0:
         return
-    _raise_explained(group, what, signature, local_error, about)
-
-
-def _raise_explained(group: Group, what: str, signature, local_error: Optional[str],
-                     about: str) -> None:
-    """The ranks found their calls differ or one failed: exchange why, and raise it (the same
-    error on every rank)."""
-    with group.watchdog.waiting(f"the ranks to exchange why {what}{about} failed"):
-        details = group.comm.allgather((local_error, None if local_error else str(signature)))
-    raise KeyValueError(explain(what, details))
+    group.raise_calls_differ(what, local_error, None if local_error else str(signature), about)
 
 
 def agree_in_meeting(group: Group, what: str, signature, about: str = "") -> bool:
@@ -87,27 +77,5 @@ def agree_in_meeting(group: Group, what: str, signature, about: str = "") -> boo
     if same is None:
         return False
     if not same:
-        _raise_explained(group, what, signature, None, about)
+        group.raise_calls_differ(what, None, str(signature), about)
     return True
-
-
-def _ranks(ranks) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
-def explain(what: str, details) -> str:
-    """The error every rank raises: what failed where, or how the ranks' calls differ
-    (``details``: each rank's (local error, signature text))."""
-    errors = defaultdict(list)
-    for rank, (error, _) in enumerate(details):
-        if error:
-            errors[error].append(rank)
-    if errors:
-        parts = [f"{_ranks(ranks)}: {error}" for error, ranks in errors.items()]
-        return f"{what} failed on {'; '.join(parts)}"
-    calls = defaultdict(list)
-    for rank, (_, sig) in enumerate(details):
-        calls[sig].append(rank)
-    parts = [f"{_ranks(ranks)} called {sig}" for sig, ranks in calls.items()]
-    return (f"{what} differs between ranks: {'; '.join(parts)}. Every rank must make the same "
-            "calls, in the same order, with the same arguments (keys, shapes, dtypes, settings)")

@@ -24,7 +24,7 @@ import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
 
-from ..errors import KeyValueError
+from ..errors import KeyValueError, explain
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
@@ -34,7 +34,7 @@ from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently
                                        scatter_bytes, scatter_rows, sum_rows)
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.operators import copy
-from .agreement import agree, digest, explain
+from .agreement import agree, digest
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
 

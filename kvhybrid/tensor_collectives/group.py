@@ -4,11 +4,12 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, NoReturn, Optional, Tuple
 
 import numpy as np
 import mxnet as mx
 
+from ..errors import KeyValueError, explain
 from .algorithms import Algorithms
 from .host_barrier import HostBarrier
 from .mpi_env import load_mpi
@@ -78,7 +79,10 @@ class Group:
         watchdog's wait for it."""
         if self._barrier is None:
             return False
-        self._barrier.wait()
+        if not self._barrier.wait():   # a rank brought a call's digest: it agrees on a call
+            # here (``meet_agreeing``) while this rank makes another collective: the ranks'
+            # calls differ. It waits for why: tell it, and raise what it raises
+            self.raise_calls_differ(None, None, self.watchdog.current or "another collective")
         return True
 
     def meet_agreeing(self, digest: int) -> Optional[bool]:
@@ -89,6 +93,18 @@ class Group:
         if self._barrier is None:
             return None
         return self._barrier.wait(digest)
+
+    def raise_calls_differ(self, what: Optional[str], local_error: Optional[str],
+                           call: Optional[str], about: str = "") -> NoReturn:
+        """The ranks found their calls differ, or one failed its checks: every rank hands
+        over what it was doing (``what``: the call agreed on, e.g. "pushpull of key 0", None
+        on a rank that met for another collective; its local error, or its call's text) and
+        raises the same KeyValueError, which names each rank's call."""
+        with self.watchdog.waiting(
+                lambda: f"the ranks to exchange why {what or 'their calls'}{about} failed"):
+            details = self.comm.allgather((what, local_error, call))
+        agreed = next((w for w, _, _ in details if w), "a collective")
+        raise KeyValueError(explain(agreed, [(e, c) for _, e, c in details]))
 
     @property
     def meets_on_host(self) -> bool:

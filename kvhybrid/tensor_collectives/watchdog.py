@@ -189,6 +189,12 @@ class Watchdog:
         return functools.partial(self._watched.pop, ident, None)
 
     @property
+    def current(self) -> Optional[str]:
+        """What the wait in progress waits for, or None outside a wait."""
+        what = self._what
+        return what() if callable(what) else what
+
+    @property
     def watched(self) -> int:
         """Watched waits not over yet."""
         return len(self._watched)

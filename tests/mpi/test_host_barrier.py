@@ -30,6 +30,14 @@ def test_no_rank_leaves_the_barrier_before_the_last_arrives(tmp_path, ranks):
     assert all(g["received"] >= root["posted"] for g in got[:-1])
     assert all(g["broadcast"] == [ranks - 1.0] * 4 for g in got)
     assert all(g["agreeing"] == [True, False] for g in got)   # rank 0's differed: all know
+    # rank 0 agreed on a call where the others met for another collective: all raised the
+    # same error at once, naming what each rank was doing
+    mixed = {g["mixed"] for g in got}
+    assert len(mixed) == 1 and None not in mixed, mixed
+    text = mixed.pop()
+    for words in ["pushpull of key 0 differs between ranks", "rank 0 called pushpull key 0",
+                  *[f"rank {r} called the test's sum on rank {r}" for r in range(1, ranks)]]:
+        assert words in text, text
 
 
 def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
@@ -39,3 +47,4 @@ def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
     assert [g["used"] for g in got] == [False, False]
     assert all(g["sum"] == 3.0 and g["broadcast"] == [1.0] * 4 for g in got)
     assert all(g["agreeing"] == [None, None] for g in got)   # agree by a collective then
+    assert all(g["mixed"] is None for g in got)   # (no meeting: nothing to differ in)

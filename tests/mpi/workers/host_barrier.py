@@ -1,6 +1,7 @@
 """A group's host barrier on a real job: a rank passes ``meet`` only once every rank
 arrived, the others of a one-to-many collective only once its root posted, every rank
-learns whether all brought the same digest (``meet_agreeing``), and the ranks agree on
+learns whether all brought the same digest (``meet_agreeing``), a rank that meets for
+another collective while others agree on a call raises with them, and the ranks agree on
 whether to use it at all.
 
 argv: OUT [RANK_WITHOUT]. RANK_WITHOUT: a rank that turns the barrier off
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvhybrid.errors import KeyValueError
+from kvhybrid.kvstore.agreement import agree_in_meeting
 from kvhybrid.tensor_collectives.group import Group, GroupSettings
 from kvhybrid.tensor_collectives.ops import allreduce_patiently, broadcast_view
 
@@ -52,6 +55,18 @@ record["broadcast"] = view.tolist()
 
 # an agreement in the barrier: every rank learns whether all brought the same digest
 record["agreeing"] = [group.meet_agreeing(11), group.meet_agreeing(11 + (rank == 0))]
+
+# rank 0 agrees on a call in a meeting where the others meet for another collective: the
+# ranks' calls differ, and every rank raises the same error (nothing waits for a timeout)
+try:
+    with group.watchdog.waiting(f"the test's sum on rank {rank}"):
+        if rank == 0:
+            agree_in_meeting(group, "pushpull of key 0", "pushpull key 0")
+        else:
+            group.meet()
+    record["mixed"] = None
+except KeyValueError as exc:
+    record["mixed"] = str(exc)
 
 (out / f"rank{rank}.json").write_text(json.dumps(record))
 group.close()
