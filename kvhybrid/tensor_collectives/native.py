@@ -14,7 +14,8 @@ log = logging.getLogger("kvhybrid")
 def load_helper(module: str, switch: str, without: str) -> Optional[ctypes.CDLL]:
     """The helper built as ``kvhybrid.tensor_collectives.<module>`` (from ``<module>.cc``
     less its leading underscore), or None where the environment variable ``switch`` is
-    ``0`` or it was not built; ``without`` says what happens then (logged)."""
+    ``0``, it was not built, or it does not load (``_ndarray_aux`` is linked to the
+    ``libmxnet.so`` it was built against); ``without`` says what happens then (logged)."""
     if os.environ.get(switch, "1") == "0":
         log.debug("%s=0: %s", switch, without)
         return None
@@ -23,4 +24,10 @@ def load_helper(module: str, switch: str, without: str) -> Optional[ctypes.CDLL]
         log.debug("kvhybrid/tensor_collectives/%s.cc was not built: %s", module.lstrip("_"),
                   without)
         return None
-    return ctypes.CDLL(spec.origin)
+    try:
+        return ctypes.CDLL(spec.origin)
+    except OSError as exc:   # (a build whose libmxnet.so moved: a venv copied elsewhere)
+        log.warning("kvhybrid's C++ helper %s does not load (%s): %s; rebuild it against "
+                    "this MXNet: pip install --no-build-isolation -e .", spec.origin, exc,
+                    without)
+        return None
