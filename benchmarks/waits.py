@@ -13,7 +13,10 @@ tests so that a rank that waits for a slower one leaves the cores to it. Each ro
   slack (how the store waited before it spun first);
 * ``polling``: ``wait_patiently``, as the store waits where its ranks are on several hosts;
 * ``host barrier``: ``Group.meet`` (every rank sleeps on a futex until the last arrives,
-  ``host_barrier.py``), then ``wait_patiently``: as the store waits where they share one.
+  ``host_barrier.py``), then ``wait_patiently``: as the store waits where they share one;
+* ``in the barrier``: ``Group.meet_bringing`` alone, no MPI call: where the answer fits in
+  the number each rank brings to the meeting (a check of prefetched rows,
+  ``row_exchange.PullCheck``), the bytes are not sent.
 
 with every rank there at once (``--late-ms 0``) or the last rank that late. Rank 0's wall time
 (median of ``--repeats``) and its CPU time per wait are reported. The ways' order alternates
@@ -37,7 +40,7 @@ from .common import (DIAGNOSTICS_OUT, footer, grouped_bars, mpirun_command, run_
 
 log = logging.getLogger("benchmarks")
 
-WAYS = ("spinning", "sleeping", "polling", "host barrier")
+WAYS = ("spinning", "sleeping", "polling", "host barrier", "in the barrier")
 #: Linux's timer slack of a thread unless changed, ns
 DEFAULT_SLACK_NS = 50_000
 
@@ -69,7 +72,8 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
                     "built): its row polls")
     #: how a way waits for the request, and what it does before posting it
     ways = {"spinning": lambda r: r.Wait(), "sleeping": _sleeping,
-            "polling": ops.wait_patiently, "host barrier": ops.wait_patiently}
+            "polling": ops.wait_patiently, "host barrier": ops.wait_patiently,
+            "in the barrier": ops.wait_patiently}   # (without one: polls, as the store then)
     before = {"host barrier": group.meet}
     out: Dict[str, Dict[str, List[float]]] = {}
     for rnd in range(args.rounds):
@@ -86,9 +90,12 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
                         if late_ms and comm.rank == late_rank:
                             time.sleep(late_ms / 1e3)
                         t0, c0 = time.perf_counter(), time.thread_time()
-                        if way in before:
-                            before[way]()
-                        ways[way](comm.Iallreduce(MPI.IN_PLACE, buf))
+                        if way == "in the barrier" and group.meets_on_host:
+                            group.meet_bringing(-(1 << 63) | 1)   # (what a check brings)
+                        else:
+                            if way in before:
+                                before[way]()
+                            ways[way](comm.Iallreduce(MPI.IN_PLACE, buf))
                         if i >= args.warmup:
                             wall.append(time.perf_counter() - t0)
                             cpu.append(time.thread_time() - c0)

@@ -321,9 +321,16 @@ def _hand_out_packed(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int]
     return send, sizes
 
 
+#: what a pull check brings to the host barrier (``PullCheck.needs_plain_pull``): the sign
+#: bit (a plain meeting brings 0, a call's agreement a positive digest), whether this rank
+#: needs the plain pull, and the key's tag
+PULL_CHECK, UNCOVERED, TAG = -(1 << 63), 1 << 62, (1 << 62) - 1
+
+
 class PullCheck:
-    """One pull of prefetched rows, checked in a small allreduce: did every rank find its
-    rows among them, and did every rank pull the same key? The communication thread makes
+    """One pull of prefetched rows, checked in the host barrier's meeting or a small
+    allreduce (``needs_plain_pull``): did every rank find its rows among them, and did
+    every rank pull the same key? The communication thread makes
     it in its turn (collectives start in one order on every rank), waiting without
     spinning, and the ranks that had their rows go on at once. If some rank did not (an
     evaluation batch) or its arguments were bad, the same job serves a plain pull there,
@@ -338,8 +345,7 @@ class PullCheck:
         #: the pull's checked work (None after a local error, whose text is ``error``)
         self.key, self.work, self.signature, self.error = key, work, signature, error
         self.covered = covered
-        tag = digest(("row_sparse_pull", key))
-        self.flags = np.array([0 if covered else 1, tag, -tag], dtype=np.int64)
+        self.tag = digest(("row_sparse_pull", key))
         self.done = threading.Event()   # the job completed: ``flags`` hold the verdict
         #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
         self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
@@ -356,10 +362,7 @@ class PullCheck:
             return
 
         def check() -> None:
-            allreduce_patiently(self.flags, "max", group,
-                                lambda: f"the ranks to check their prefetched rows of key "
-                                        f"{self.key!r}")
-            if self.needs_plain_pull():
+            if self.needs_plain_pull(group):
                 with servers.deferred(rows_group.watchdog) if servers is not None \
                         else contextlib.nullcontext():
                     self._serve(group, rows_group, servers)
@@ -377,10 +380,24 @@ class PullCheck:
             self.rows.append(fetch_rows_from_servers(k, slot, [] if self.covered else ids,
                                                      rows_group, servers))
 
-    def needs_plain_pull(self) -> bool:
-        """After the allreduce: whether some rank needs the plain pull (the same answer on
-        every rank)."""
-        return bool(self.flags[0]) or self.flags[1] != -self.flags[2]
+    def needs_plain_pull(self, group: Group) -> bool:
+        """Whether some rank of ``group`` needs the plain pull (its rows were not among the
+        prefetched ones) or the ranks pulled different keys: the same answer on every rank.
+        Where the ranks share a host each brings its verdict to the host barrier's meeting
+        (``Group.meet_bringing``) and no collective follows; elsewhere a small allreduce
+        decides (``benchmarks.waits``: "in the barrier" against "host barrier")."""
+        what = lambda: f"the ranks to check their prefetched rows of key {self.key!r}"  # noqa: E731
+        with group.watchdog.waiting(what):
+            brought = group.meet_bringing(PULL_CHECK | (0 if self.covered else UNCOVERED)
+                                          | self.tag)
+        if brought is None:
+            flags = np.array([0 if self.covered else 1, self.tag, -self.tag], dtype=np.int64)
+            allreduce_patiently(flags, "max", group, what)
+            return bool(flags[0] or flags[1] != -flags[2])
+        if (brought >= 0).any():   # a rank met for another collective: the calls differ
+            group.raise_calls_differ("row_sparse_pull", self.error, self.signature,
+                                     f" of key {self.key!r}")
+        return bool((brought & UNCOVERED).any()) or len(set((brought & TAG).tolist())) > 1
 
     def write_rows(self) -> None:
         """A served pull's rows into its outs (on the caller's thread, once ``done``)."""

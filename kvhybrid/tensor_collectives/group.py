@@ -94,6 +94,15 @@ class Group:
             return None
         return self._barrier.wait(digest)
 
+    def meet_bringing(self, digest: int) -> Optional[np.ndarray]:
+        """``meet``, each rank bringing ``digest`` (a nonzero signed 64-bit number): what
+        every rank brought, by rank (the same on every rank), for a verdict that needs more
+        than whether all are equal (``row_exchange.PullCheck``); None at once where the
+        group has no host barrier."""
+        if self._barrier is None:
+            return None
+        return self._barrier.wait_reading(digest)
+
     def raise_calls_differ(self, what: Optional[str], local_error: Optional[str],
                            call: Optional[str], about: str = "") -> NoReturn:
         """The ranks found their calls differ, or one failed its checks: every rank hands

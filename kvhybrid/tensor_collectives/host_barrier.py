@@ -115,10 +115,13 @@ class HostBarrier:
         """Return once every rank of the group has called this (the caller sleeps meanwhile):
         whether every rank brought the same ``digest`` (a signed 64-bit number). Untimed
         here: the caller wraps it in its group's watchdog, which names the wait."""
+        return bool((self.wait_reading(digest) == digest).all())
+
+    def wait_reading(self, digest: int) -> np.ndarray:
+        """``wait``, returning what every rank brought (a copy, by rank)."""
         seen = self._arrive(self._address, self._parties, self._rank, digest)
         self._sleep_until(_GENERATION, seen + 1)
-        row = self._digests[seen & 1]
-        return bool((row == digest).all())
+        return self._digests[seen & 1].copy()   # (valid until the generation after next)
 
     def from_root(self, is_root: bool) -> None:
         """A one-to-many collective: its root, having posted its part, wakes the others;

@@ -38,6 +38,16 @@ def test_no_rank_leaves_the_barrier_before_the_last_arrives(tmp_path, ranks):
     for words in ["pushpull of key 0 differs between ranks", "rank 0 called pushpull key 0",
                   *[f"rank {r} called the test's sum on rank {r}" for r in range(1, ranks)]]:
         assert words in text, text
+    # what each rank brought, read alike by all; a check of prefetched rows decides there
+    assert all(g["brought"] == [-(1 << 63) + r for r in range(ranks)] for g in got)
+    assert all(g["verdicts"] == [False, True] for g in got)   # rank 0 missed its rows
+    checked = {g["check_mixed"] for g in got}
+    assert len(checked) == 1 and None not in checked, checked
+    text = checked.pop()
+    for words in ["row_sparse_pull differs between ranks",
+                  "rank 0 called row_sparse_pull key 'w'",
+                  *[f"rank {r} called the test's sum on rank {r}" for r in range(1, ranks)]]:
+        assert words in text, text
 
 
 def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
@@ -48,3 +58,5 @@ def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
     assert all(g["sum"] == 3.0 and g["broadcast"] == [1.0] * 4 for g in got)
     assert all(g["agreeing"] == [None, None] for g in got)   # agree by a collective then
     assert all(g["mixed"] is None for g in got)   # (no meeting: nothing to differ in)
+    assert all(g["brought"] is None for g in got)
+    assert all(g["verdicts"] == [False, True] for g in got)   # (by an allreduce then)

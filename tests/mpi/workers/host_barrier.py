@@ -1,8 +1,9 @@
 """A group's host barrier on a real job: a rank passes ``meet`` only once every rank
 arrived, the others of a one-to-many collective only once its root posted, every rank
-learns whether all brought the same digest (``meet_agreeing``), a rank that meets for
-another collective while others agree on a call raises with them, and the ranks agree on
-whether to use it at all.
+learns whether all brought the same digest (``meet_agreeing``) and what each brought
+(``meet_bringing``: a check of prefetched rows decides there), a rank that meets for
+another collective while others agree on a call or check their rows raises with them, and
+the ranks agree on whether to use it at all.
 
 argv: OUT [RANK_WITHOUT]. RANK_WITHOUT: a rank that turns the barrier off
 (KVHYBRID_HOST_BARRIER=0), which must turn it off on every rank. Rank r writes
@@ -19,6 +20,7 @@ import numpy as np
 
 from kvhybrid.errors import KeyValueError
 from kvhybrid.kvstore.agreement import agree_in_meeting
+from kvhybrid.kvstore.row_exchange import PullCheck
 from kvhybrid.tensor_collectives.group import Group, GroupSettings
 from kvhybrid.tensor_collectives.ops import allreduce_patiently, broadcast_view
 
@@ -67,6 +69,31 @@ try:
     record["mixed"] = None
 except KeyValueError as exc:
     record["mixed"] = str(exc)
+
+# every rank reads what each brought (a pull check's verdict needs more than "all equal")
+brought = group.meet_bringing(-(1 << 63) | rank)
+record["brought"] = None if brought is None else brought.tolist()
+
+
+def check(covered):   # a check of prefetched rows, this rank's covered or not
+    return PullCheck("w", None, "row_sparse_pull key 'w'", None, covered)
+
+
+# whether some rank needs the plain pull: none, then rank 0
+record["verdicts"] = [check(True).needs_plain_pull(group),
+                      check(rank != 0).needs_plain_pull(group)]
+
+# rank 0 checks its rows where the others meet for another collective: all raise at once
+record["check_mixed"] = None
+if group.meets_on_host:   # (without it rank 0's allreduce would wait for the timeout)
+    try:
+        with group.watchdog.waiting(f"the test's sum on rank {rank}"):
+            if rank == 0:
+                check(True).needs_plain_pull(group)
+            else:
+                group.meet()
+    except KeyValueError as exc:
+        record["check_mixed"] = str(exc)
 
 (out / f"rank{rank}.json").write_text(json.dumps(record))
 group.close()
