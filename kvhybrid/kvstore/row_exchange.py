@@ -346,7 +346,7 @@ class PullCheck:
         self.key, self.work, self.signature, self.error = key, work, signature, error
         self.covered = covered
         self.tag = digest(("row_sparse_pull", key))
-        self.done = threading.Event()   # the job completed: ``flags`` hold the verdict
+        self.done = threading.Event()   # the job completed (and served a plain pull if needed)
         #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
         self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
 
