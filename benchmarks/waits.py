@@ -57,6 +57,7 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
     import numpy as np
     from mpi4py import MPI
 
+    from kvhybrid.kvstore.agreement import PULL_CHECK
     from kvhybrid.tensor_collectives import ops
     from kvhybrid.tensor_collectives.group import Group, GroupSettings
 
@@ -91,7 +92,7 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
                             time.sleep(late_ms / 1e3)
                         t0, c0 = time.perf_counter(), time.thread_time()
                         if way == "in the barrier" and group.meets_on_host:
-                            group.meet_bringing(-(1 << 63) | 1)   # (what a check brings)
+                            group.meet_bringing(PULL_CHECK | 1)   # (what a check brings)
                         else:
                             if way in before:
                                 before[way]()

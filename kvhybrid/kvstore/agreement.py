@@ -20,8 +20,14 @@ from ..tensor_collectives.group import Group
 from ..tensor_collectives.ops import allreduce_patiently
 
 _MASK = (1 << 62) - 1
-#: set in what a call's digest brings to the host barrier: never 0, a plain meeting's
+#: What a rank brings to the host barrier's meeting (``Group.meet``, ``meet_agreeing``,
+#: ``meet_bringing``), by kind: 0 for a plain meeting; a call's digest with ``_MEETING`` set
+#: for its agreement (``agree_in_meeting``); a negative number for a check of prefetched
+#: rows (``row_exchange.PullCheck``): ``PULL_CHECK``, ``UNCOVERED`` where this rank needs
+#: the plain pull, and the key's tag (``TAG`` bits). A rank that finds another kind beside
+#: its own is in another collective: the ranks' calls differ.
 _MEETING = 1 << 62
+PULL_CHECK, UNCOVERED, TAG = -(1 << 63), 1 << 62, _MASK
 
 
 def digest(signature) -> int:

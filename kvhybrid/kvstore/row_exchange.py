@@ -34,7 +34,7 @@ from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently
                                        scatter_bytes, scatter_rows, sum_rows)
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.operators import copy
-from .agreement import agree, digest
+from .agreement import PULL_CHECK, TAG, UNCOVERED, agree, digest
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
 
@@ -321,12 +321,6 @@ def _hand_out_packed(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int]
     return send, sizes
 
 
-#: what a pull check brings to the host barrier (``PullCheck.needs_plain_pull``): the sign
-#: bit (a plain meeting brings 0, a call's agreement a positive digest), whether this rank
-#: needs the plain pull, and the key's tag
-PULL_CHECK, UNCOVERED, TAG = -(1 << 63), 1 << 62, (1 << 62) - 1
-
-
 class PullCheck:
     """One pull of prefetched rows, checked in the host barrier's meeting or a small
     allreduce (``needs_plain_pull``): did every rank find its rows among them, and did
@@ -397,7 +391,8 @@ class PullCheck:
         if (brought >= 0).any():   # a rank met for another collective: the calls differ
             group.raise_calls_differ("row_sparse_pull", self.error, self.signature,
                                      f" of key {self.key!r}")
-        return bool((brought & UNCOVERED).any()) or len(set((brought & TAG).tolist())) > 1
+        tags = brought & TAG
+        return bool((brought & UNCOVERED).any() or (tags != tags[0]).any())
 
     def write_rows(self) -> None:
         """A served pull's rows into its outs (on the caller's thread, once ``done``)."""

@@ -433,11 +433,11 @@ class SparsePath:
     def _pull_prefetched(self, key, build) -> None:
         """A pull of a key whose next rows were fetched ahead (``prefetch_rows``). If this
         rank's rows are among them it takes them and goes on, meeting no one: the ranks'
-        communication threads check that every rank had its rows (``PullCheck``). A rank whose rows are not there (an evaluation batch) or whose
-        arguments are bad waits while that job serves it a plain pull, every rank's
-        communication thread taking part as soon as every rank has made its pull; a bad
-        argument raises there, on every rank (at its next call of the store), before
-        anything is pushed."""
+        communication threads check that every rank had its rows (``PullCheck``). A rank
+        whose rows are not there (an evaluation batch) or whose arguments are bad waits
+        while that job serves it a plain pull, every rank's communication thread taking
+        part as soon as every rank has made its pull; a bad argument raises there, on every
+        rank (at its next call of the store), before anything is pushed."""
         self._forget_settled()
         prefetch = self._prefetched[key]
         # the rows first: a push whose calls differed raises here, on every rank, before any

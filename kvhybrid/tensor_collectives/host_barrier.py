@@ -115,13 +115,18 @@ class HostBarrier:
         """Return once every rank of the group has called this (the caller sleeps meanwhile):
         whether every rank brought the same ``digest`` (a signed 64-bit number). Untimed
         here: the caller wraps it in its group's watchdog, which names the wait."""
-        return bool((self.wait_reading(digest) == digest).all())
+        return bool((self._meet(digest) == digest).all())
 
     def wait_reading(self, digest: int) -> np.ndarray:
         """``wait``, returning what every rank brought (a copy, by rank)."""
+        return self._meet(digest).copy()
+
+    def _meet(self, digest: int) -> np.ndarray:
+        """Arrive with ``digest``, sleep until every rank has: the row of what each brought
+        (a view, valid until the generation after next, which needs this rank to arrive)."""
         seen = self._arrive(self._address, self._parties, self._rank, digest)
         self._sleep_until(_GENERATION, seen + 1)
-        return self._digests[seen & 1].copy()   # (valid until the generation after next)
+        return self._digests[seen & 1]
 
     def from_root(self, is_root: bool) -> None:
         """A one-to-many collective: its root, having posted its part, wakes the others;

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kvhybrid.errors import KeyValueError
-from kvhybrid.kvstore.agreement import agree_in_meeting
+from kvhybrid.kvstore.agreement import PULL_CHECK, agree_in_meeting
 from kvhybrid.kvstore.row_exchange import PullCheck
 from kvhybrid.tensor_collectives.group import Group, GroupSettings
 from kvhybrid.tensor_collectives.ops import allreduce_patiently, broadcast_view
@@ -71,7 +71,7 @@ except KeyValueError as exc:
     record["mixed"] = str(exc)
 
 # every rank reads what each brought (a pull check's verdict needs more than "all equal")
-brought = group.meet_bringing(-(1 << 63) | rank)
+brought = group.meet_bringing(PULL_CHECK | rank)
 record["brought"] = None if brought is None else brought.tolist()
 
 
