@@ -55,7 +55,12 @@ setup(
                  # the sleeping barrier of a group's ranks on one host (needs no MXNet)
                  Extension("kvhybrid.tensor_collectives._host_barrier",
                            ["kvhybrid/tensor_collectives/host_barrier.cc"], language="c++",
-                           extra_compile_args=["-O2", "-std=c++17"], optional=True)],
+                           extra_compile_args=["-O2", "-std=c++17"], optional=True),
+                 # the store's SGD update on its communication thread (needs no MXNet; no
+                 # contraction into FMA, as MXNet's own kernel)
+                 Extension("kvhybrid.kvstore._sgd_update", ["kvhybrid/kvstore/sgd_update.cc"],
+                           language="c++", optional=True,
+                           extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off"])],
     cmdclass={"build_ext": BuildAgainstMXNet},
     # scipy: the partition tuner's least-squares fit (kvhybrid-launch --tune-partitions)
     install_requires=["mxnet==1.9.1", "numpy==1.23.5", "mpi4py>=4,<5", "scipy>=1.9"],

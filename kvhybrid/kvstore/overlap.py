@@ -17,8 +17,10 @@ as PyTorch DDP's reducer does. Each step, per bucket:
 2. one engine operation allreduces the buffer (``EngineComm``): it starts when the
    copies are done and runs on the communication thread while backward goes on;
 3. the optimizer's update (``update_on_kvstore``; MXNet's SGD as one operator over the
-   bucket's weights, laid out in one buffer: ``flat_update.py``) or the copy back into
-   the gradients is pushed behind it; the next forward pass waits for it in the engine.
+   bucket's weights, laid out in one buffer: ``flat_update.py``; for a small bucket the
+   same arithmetic made by the allreduce's operation itself, right after the sum, which
+   then also copies the weights into host outs) or the copy back into the gradients is
+   pushed behind it; the next forward pass waits for it in the engine.
 
 Copies in and out are one ``copyto`` per key, memory copies. One ``concat`` in and one
 ``split`` out would push fewer operations, but their kernels compute each element's place
@@ -203,12 +205,17 @@ class _Weights:
         same_device = all(it.total.context == s.value.context
                           for it, s in zip(bucket.items, slots))
         self.updater = updater
-        self.flat = FlatSGD(updater, [it.key for it in bucket.items], slots, bucket.buffer) \
+        self.flat = FlatSGD(updater, [it.key for it in bucket.items], slots, bucket.buffer,
+                            bucket.view) \
             if flat_update.fits(updater, slots, bucket.buffer) else None
         self.values = [s.value for s in slots]
         self.grads = [it.total for it in bucket.items] if same_device else None
         dsts = [it.out if it.out is not None else it.value for it in bucket.items]
-        self.outs = [d[0] for d in dsts] if _one_copy(self.values, dsts) else None
+        #: the outs the bucket's allreduce writes itself, after its C++ update (no
+        #: operator pushed), else None
+        self.written = _host_outs(bucket, self.flat, dsts)
+        self.outs = [d[0] for d in dsts] if self.written is None \
+            and _one_copy(self.values, dsts) else None
         self.copy_out = multicast(self.values, self.outs) if self.outs is not None else None
 
     def current(self, bucket: EngineBucket, updater) -> bool:
@@ -217,6 +224,30 @@ class _Weights:
         return (updater is self.updater
                 and all(it.slot.value is v for it, v in zip(bucket.items, self.values))
                 and (self.flat is None or self.flat.current()))
+
+
+def _host_outs(bucket: EngineBucket, flat: Optional[FlatSGD],
+               dsts: List[List[NDArray]]) -> Optional[List[NDArray]]:
+    """The outs, one per key, if the bucket's allreduce may copy the updated weights into
+    them after its C++ update (``FlatSGD.copy_after``): outs the call gave (Gluon's
+    parameters: not the gradients, which backward may be writing now), host arrays of the
+    bucket's dtype, each once, none in memory the allreduce already writes; else None."""
+    if flat is None or flat.kernel is None or any(it.out is None for it in bucket.items) \
+            or any(len(d) != 1 for d in dsts):
+        return None
+    outs = [d[0] for d in dsts]
+    if len({o.handle.value for o in outs}) != len(outs) or not all(
+            o.stype == "default" and np.dtype(o.dtype) == bucket.dtype and is_host(o)
+            for o in outs):
+        return None
+    for o in outs:   # (once: MXNet may allocate an array when its first writer runs)
+        o.wait_to_read()
+    views = [host_view(o, bucket.dtype, o.size) for o in outs]
+    written = [bucket.view] + [host_view(b, bucket.dtype, b.size) for b in flat.buffers]
+    if any(np.may_share_memory(v, w) for v in views for w in written):
+        return None   # (a gradient as its own out: copied back by the caller's thread)
+    flat.copy_after(views)
+    return outs
 
 
 @dataclass(frozen=True)
@@ -255,6 +286,10 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
          agreement: Optional[Agreement] = None) -> None:
     group, view = comm.group, bucket.view
     agreeing = f"the ranks to agree on {agreement.what}, then " if agreement else ""
+    weights = _weights(bucket, updater) if updater is not None else None
+    # a small bucket's SGD is made by its allreduce, right after the sum (flat_update.py)
+    update = weights.flat.prepare() \
+        if weights is not None and weights.flat is not None and weights.flat.kernel else None
 
     def allreduce() -> None:   # on the communication thread: the only one using group.comm
         with group.watchdog.waiting(lambda: f"{agreeing}the engine allreduce of {bucket.name} "
@@ -262,13 +297,17 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
                                             f"{group.name} of {group.size} ranks"):
             met = agreement is not None and agreement.meet(group)
             group.algorithms.allreduce(view, met=met)
+        if update is not None:
+            update()
         group.bytes_sent["dense"] += view.nbytes
         group.fused_calls += 1
         group.fused_in_place += bucket.in_place
 
-    comm.submit(bucket.name, [bucket.buffer], allreduce, priority)
-    if updater is not None:
-        _update(bucket, updater)
+    mutated = [bucket.buffer] + \
+        (weights.flat.buffers + (weights.written or []) if update is not None else [])
+    comm.submit(bucket.name, mutated, allreduce, priority)
+    if weights is not None:
+        _update(bucket, weights, updated=update is not None)
         return
     for it in bucket.items:
         dst = it.out if it.out is not None else it.value
@@ -277,20 +316,29 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
                 it.total.copyto(arr)
 
 
-def _update(bucket: EngineBucket, updater) -> None:
-    """The bucket's keys in one call: one SGD operator over the bucket where it makes the
-    same update (``flat_update``), else MXNet's Updater, which updates up to its
-    optimizer's aggregate_num keys per operator (multi_sgd_update), as gluon.Trainer does;
-    then the weights go to the outputs."""
+def _weights(bucket: EngineBucket, updater) -> _Weights:
+    """The bucket's weights as they are now (laid out again where they changed)."""
     weights = bucket.weights
     if weights is None or not weights.current(bucket, updater):
         weights = bucket.weights = _Weights(bucket, updater)
-    if weights.flat is not None:
+    return weights
+
+
+def _update(bucket: EngineBucket, weights: _Weights, updated: bool) -> None:
+    """The bucket's keys in one call, unless its allreduce makes the update (``updated``):
+    one SGD operator over the bucket where it makes the same update (``flat_update``),
+    else MXNet's Updater, which updates up to its optimizer's aggregate_num keys per
+    operator (multi_sgd_update), as gluon.Trainer does; then the weights go to the
+    outputs, unless the allreduce copied them there too (``_Weights.written``)."""
+    if updated:
+        if weights.written is not None:   # (and the weights copied into the outs)
+            return
+    elif weights.flat is not None:
         weights.flat.update()
     else:
         grads = weights.grads or [it.total.as_in_context(v.context)
                                   for it, v in zip(bucket.items, weights.values)]
-        updater([it.key for it in bucket.items], grads, weights.values)
+        weights.updater([it.key for it in bucket.items], grads, weights.values)
     if weights.copy_out is not None:
         weights.copy_out()
         return

@@ -11,17 +11,19 @@ from typing import Optional
 log = logging.getLogger("kvhybrid")
 
 
-def load_helper(module: str, switch: str, without: str) -> Optional[ctypes.CDLL]:
-    """The helper built as ``kvhybrid.tensor_collectives.<module>`` (from ``<module>.cc``
-    less its leading underscore), or None where the environment variable ``switch`` is
-    ``0``, it was not built, or it does not load (``_ndarray_aux`` is linked to the
-    ``libmxnet.so`` it was built against); ``without`` says what happens then (logged)."""
+def load_helper(module: str, switch: str, without: str,
+                package: str = "kvhybrid.tensor_collectives") -> Optional[ctypes.CDLL]:
+    """The helper built as ``<package>.<module>`` (from ``<module>.cc`` less its leading
+    underscore, in that package's folder), or None where the environment variable
+    ``switch`` is ``0``, it was not built, or it does not load (``_ndarray_aux`` is linked
+    to the ``libmxnet.so`` it was built against); ``without`` says what happens then
+    (logged)."""
     if os.environ.get(switch, "1") == "0":
         log.debug("%s=0: %s", switch, without)
         return None
-    spec = importlib.util.find_spec(f"kvhybrid.tensor_collectives.{module}")
+    spec = importlib.util.find_spec(f"{package}.{module}")
     if spec is None or not spec.origin:
-        log.debug("kvhybrid/tensor_collectives/%s.cc was not built: %s", module.lstrip("_"),
+        log.debug("%s/%s.cc was not built: %s", package.replace(".", "/"), module.lstrip("_"),
                   without)
         return None
     try:

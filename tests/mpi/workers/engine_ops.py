@@ -13,8 +13,8 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
   buckets, and the weights it updates are right once the engine is done;
 - shared_key_right: two pushpull calls that share a key, alternating, with the store's
   optimizer (each call's bucket moves its keys' weights into one buffer of its own, which
-  one SGD operator updates: flat_update.py): every step updates the key's current weight,
-  in the outs and in the store;
+  one SGD update, here the C++ helper's, makes in the bucket's allreduce: flat_update.py):
+  every step updates the key's current weight, in the outs and in the store;
 - repeated_call_collectives: a repeated lone pushpull is one collective where the ranks
   share a host (its agreement in its bucket's meeting), two elsewhere;
 - out_of_order_error: repeated calls made in different orders raise on every rank.
@@ -35,6 +35,7 @@ from mxnet import autograd, gluon
 
 import kvhybrid
 from kvhybrid.errors import KVHybridError
+from kvhybrid.kvstore.flat_update import FlatSGD
 from kvhybrid.tensor_collectives.engine import EngineComm
 from kvhybrid.tensor_collectives.ndarray_view import host_view
 from kvhybrid.tensor_collectives.operators import Operator
@@ -188,15 +189,17 @@ grads = {k: mx.nd.ones(shape) * (rank + 1) for k, shape in shapes.items()}
 outs = {k: mx.nd.zeros(shape) for k, shape in shapes.items()}
 steps = {k: 0 for k in shapes}
 ops = []   # the SGD operators the store's optimizer runs (flat_update.py: one per bucket)
-push = Operator.__call__
+push, prepare = Operator.__call__, FlatSGD.prepare
 Operator.__call__ = lambda self, **kw: ops.append(self.name) or push(self, **kw)
+FlatSGD.prepare = lambda self: ops.append("cpp") or prepare(self)   # (made by the allreduce)
 for step in range(4):
     keys = [100, 101] if step % 2 == 0 else [101, 102]
     kv.pushpull(keys, [grads[k] for k in keys], out=[outs[k] for k in keys])
     for k in keys:
         steps[k] += 1
-Operator.__call__ = push
+Operator.__call__, FlatSGD.prepare = push, prepare
 seen["flat_update_ops"] = ops.count("sgd_update")
+seen["flat_update_cpp"] = ops.count("cpp")
 total = size * (size + 1) / 2   # the gradients' sum over ranks
 pulled = {k: mx.nd.zeros(shape) for k, shape in shapes.items()}
 for k in shapes:
