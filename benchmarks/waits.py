@@ -16,7 +16,11 @@ tests so that a rank that waits for a slower one leaves the cores to it. Each ro
   ``host_barrier.py``), then ``wait_patiently``: as the store waits where they share one;
 * ``in the barrier``: ``Group.meet_bringing`` alone, no MPI call: where the answer fits in
   the number each rank brings to the meeting (a check of prefetched rows,
-  ``row_exchange.PullCheck``), the bytes are not sent.
+  ``row_exchange.PullCheck``), the bytes are not sent;
+* ``summed in the barrier``: the sum made in the meeting, no MPI call: each rank leaves its
+  bytes in shared memory before it arrives and adds everyone's after
+  (``meeting_sum.py``), as the engine path sums a small bucket where its ranks share a
+  host.
 
 with every rank there at once (``--late-ms 0``) or the last rank that late. Rank 0's wall time
 (median of ``--repeats``) and its CPU time per wait are reported. The ways' order alternates
@@ -40,7 +44,8 @@ from .common import (DIAGNOSTICS_OUT, footer, grouped_bars, mpirun_command, run_
 
 log = logging.getLogger("benchmarks")
 
-WAYS = ("spinning", "sleeping", "polling", "host barrier", "in the barrier")
+WAYS = ("spinning", "sleeping", "polling", "host barrier", "in the barrier",
+        "summed in the barrier")
 #: Linux's timer slack of a thread unless changed, ns
 DEFAULT_SLACK_NS = 50_000
 
@@ -74,7 +79,9 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
     #: how a way waits for the request, and what it does before posting it
     ways = {"spinning": lambda r: r.Wait(), "sleeping": _sleeping,
             "polling": ops.wait_patiently, "host barrier": ops.wait_patiently,
-            "in the barrier": ops.wait_patiently}   # (without one: polls, as the store then)
+            "in the barrier": ops.wait_patiently,   # (without one: polls, as the store then)
+            "summed in the barrier": ops.wait_patiently}
+    group.algorithms.patient = True   # (as the engine path's group: sums_in_meetings)
     before = {"host barrier": group.meet}
     out: Dict[str, Dict[str, List[float]]] = {}
     for rnd in range(args.rounds):
@@ -93,6 +100,9 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
                         t0, c0 = time.perf_counter(), time.thread_time()
                         if way == "in the barrier" and group.meets_on_host:
                             group.meet_bringing(PULL_CHECK | 1)   # (what a check brings)
+                        elif way == "summed in the barrier" and \
+                                group.algorithms.sums_in_meetings(buf.nbytes):
+                            group.algorithms.run("meeting", buf)
                         else:
                             if way in before:
                                 before[way]()

@@ -295,8 +295,8 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
         with group.watchdog.waiting(lambda: f"{agreeing}the engine allreduce of {bucket.name} "
                                             f"({view.nbytes / 2**20:.2f} MB) on group "
                                             f"{group.name} of {group.size} ranks"):
-            met = agreement is not None and agreement.meet(group)
-            group.algorithms.allreduce(view, met=met)
+            group.algorithms.allreduce(
+                view, meet=None if agreement is None else lambda: agreement.meet(group))
         if update is not None:
             update()
         group.bytes_sent["dense"] += view.nbytes

@@ -22,15 +22,20 @@ bound by bandwidth: 64 KB take 5 ms at 100 Mbit/s, and ``ring`` and ``hierarchic
 half to three quarters of what MPI's recursive doubling sends over it).
 Every rank makes the same calls in the same order, so the schedule is the same
 everywhere without talking. ``KVHYBRID_ALLREDUCE`` forces one algorithm.
+
+A patient group (the engine path's) whose ranks share a host and meet in its host barrier
+makes a sum of at most ``meeting_sum.CAPACITY`` bytes in that meeting instead of an MPI
+call (``meeting_sum.py``; counted as ``meeting`` in ``calls``).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from .meeting_sum import CAPACITY, MeetingSum, sum_digest
 from .ring import ring_allreduce, workspace_elements
 from .shared_memory import SharedMemoryAllreduce
 from . import windows
@@ -64,7 +69,8 @@ class Algorithms:
         self._windows_made = 0
         self._scratch: Dict[str, np.ndarray] = {}
         #: calls per algorithm, for tests and benchmarks
-        self.calls: Dict[str, int] = {name: 0 for name in ALGORITHMS}
+        self.calls: Dict[str, int] = {name: 0 for name in ALGORITHMS + ("meeting",)}
+        self._meeting_sum: Optional[MeetingSum] = None
         #: size class (bytes.bit_length()) -> the algorithm auto settled on
         self.chosen: Dict[int, str] = {}
         self._trials: Dict[int, Dict[str, List[float]]] = {}
@@ -97,7 +103,7 @@ class Algorithms:
         if self.forced != "auto":
             return self.forced
         if not self.measured(nbytes):
-            return "mpi"
+            return "meeting" if self.sums_in_meetings(nbytes) else "mpi"
         size_class = nbytes.bit_length()
         chosen = self.chosen.get(size_class)
         if chosen is not None:
@@ -105,6 +111,12 @@ class Algorithms:
         done = sum(map(len, self._trials.get(size_class, {}).values()))
         candidates = self.candidates()
         return candidates[done % len(candidates)]
+
+    def sums_in_meetings(self, nbytes: int) -> bool:
+        """Whether a sum of ``nbytes`` that auto leaves to MPI is made in the host barrier's
+        meeting instead (``meeting_sum.py``): a patient group on one host, up to its
+        capacity."""
+        return self.patient and nbytes <= CAPACITY and self.group.meets_on_host
 
     def measured(self, nbytes: int) -> bool:
         """Whether auto times the candidates for sums of ``nbytes`` (else MPI's call sums
@@ -114,17 +126,18 @@ class Algorithms:
             return False
         return nbytes >= SMALL_BYTES or self.topology.nodes > 1
 
-    def allreduce(self, view: np.ndarray, met: bool = False) -> str:
+    def allreduce(self, view: np.ndarray, meet: Optional[Callable[[], bool]] = None) -> str:
         """Sum ``view`` over the group in place with the selected algorithm; return its name.
-        ``met``: every rank has just met in the host barrier (``run``)."""
+        ``meet``: the meeting in the host barrier that the caller's agreement holds first
+        (True: every rank met there; ``run``)."""
         name = self.select(view.nbytes)
         size_class = view.nbytes.bit_length()
         if self.forced != "auto" or self.group.size == 1 or size_class in self.chosen \
                 or not self.measured(view.nbytes):
-            self.run(name, view, met)
+            self.run(name, view, meet)
             return name
         start = time.perf_counter()
-        self.run(name, view, met)
+        self.run(name, view, meet)
         trials = self._trials.setdefault(size_class, {})
         trials.setdefault(name, []).append(time.perf_counter() - start)
         candidates = self.candidates()
@@ -143,11 +156,21 @@ class Algorithms:
                  f"{2 ** (size_class - 1):,}", f"{2 ** size_class - 1:,}", self.group.name, best,
                  ", ".join(f"{c} {t * 1e3:.2f}" for c, t in zip(candidates, slowest)))
 
-    def run(self, name: str, view: np.ndarray, met: bool = False) -> None:
-        """Sum ``view`` over the group in place with algorithm ``name``; ``met``: every rank
-        has just met in the host barrier (the caller's agreement did), so none meets again."""
+    def run(self, name: str, view: np.ndarray,
+            meet: Optional[Callable[[], bool]] = None) -> None:
+        """Sum ``view`` over the group in place with algorithm ``name``; ``meet``: the
+        caller's meeting in the host barrier (its agreement's), held first (True: every
+        rank met there, so none meets again); for ``meeting``, once this rank's part is in
+        place."""
         group = self.group
         self.calls[name] += 1
+        if name == "meeting":
+            if self._meeting_sum is None:
+                self._meeting_sum = MeetingSum(group, group.MPI)
+            self._meeting_sum.allreduce(view, meet or (
+                lambda: group.meet_summing(sum_digest(view.nbytes, view.dtype))))
+            return
+        met = meet is not None and meet()
         # a patient group's ranks sleep until all are here (where they share a host), so the
         # algorithm's own waits, which spin, find them there
         met = met or (self.patient and group.meet())

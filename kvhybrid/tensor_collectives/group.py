@@ -94,6 +94,13 @@ class Group:
             return None
         return self._barrier.wait(digest)
 
+    def meet_summing(self, digest: int) -> None:
+        """``meet`` for a sum made in the meeting (``meeting_sum.py``), bringing its
+        ``digest``: raises on every rank where one rank meets for another collective (a
+        plain meeting's rank raises there too). Only where the group has a host barrier."""
+        if not self._barrier.wait(digest):
+            self.raise_calls_differ(None, None, self.watchdog.current or "a sum")
+
     def meet_bringing(self, digest: int) -> Optional[np.ndarray]:
         """``meet``, each rank bringing ``digest`` (a nonzero signed 64-bit number): what
         every rank brought, by rank (the same on every rank), for a verdict that needs more

@@ -54,7 +54,14 @@ def test_auto_tries_each_candidate_then_all_ranks_settle_on_one(shape_results):
     nodes, uniform = r["topology"]["nodes"], r["topology"]["uniform"]
     expect = ["mpi", "ring"] + (["shm"] if nodes == 1 else ["hierarchical"] if uniform else [])
     assert r["candidates"] == expect
-    assert r["auto-small"] == "mpi", "small messages start with (or keep) MPI's own call"
+    # a small sum of the engine's (patient) group: in the host barrier's meeting on one real
+    # host, else MPI's own call
+    meets = nodes == 1 and node_size == 0
+    assert r["auto-small"] == ("meeting" if meets else "mpi"), r["auto-small"]
+    if meets:
+        assert r["meeting-used"] == ["meeting"] * 12, r["meeting-used"]
+    else:   # (across hosts from 16 KB measured among the others)
+        assert "meeting" not in r["meeting-used"], r["meeting-used"]
     # below 256 KB a sum is latency-bound on one host: MPI's call, untimed; across hosts a
     # link may make it bandwidth-bound: measured from 16 KB
     assert r["auto-small-measured"] == (nodes > 1)

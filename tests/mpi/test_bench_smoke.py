@@ -51,10 +51,10 @@ def test_waits_benchmark_times_every_way_of_waiting(tmp_path):
                                "--bytes", 16, "--late-ms", 0, 1)
     assert set(results) == {f"16 {late} {way}" for late in ("0", "1")
                             for way in ("spinning", "sleeping", "polling", "host barrier",
-                                        "in the barrier")}
+                                        "in the barrier", "summed in the barrier")}
     assert all(len(r["wall"]) == 2 and min(r["wall"]) > 0 for r in results.values())
     assert table.count("| 16 |") == 2 and "host barrier: wall, CPU" in table
-    assert "in the barrier: wall, CPU" in table
+    assert "in the barrier: wall, CPU" in table and "summed in the barrier: wall, CPU" in table
 
 
 def test_allreduce_benchmark_measures_every_peer_and_algorithm(tmp_path):

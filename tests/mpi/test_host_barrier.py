@@ -1,6 +1,7 @@
 """The sleeping barrier of a group whose ranks share a host (host_barrier.py), in real
 jobs: it holds every rank until the last arrives, lets the others of a broadcast go only
-once the root posted, and is used on every rank or on none."""
+once the root posted, makes small sums in its meeting, and is used on every rank or on
+none."""
 import json
 
 import pytest
@@ -48,6 +49,14 @@ def test_no_rank_leaves_the_barrier_before_the_last_arrives(tmp_path, ranks):
                   "rank 0 called row_sparse_pull key 'w'",
                   *[f"rank {r} called the test's sum on rank {r}" for r in range(1, ranks)]]:
         assert words in text, text
+    # small sums made in the meeting, exact on every rank, both sets of slots in turn
+    assert all(g["meeting_sums"] == [["meeting", True]] * 6 for g in got), got[0]["meeting_sums"]
+    summed = {g["sum_mixed"] for g in got}
+    assert len(summed) == 1 and None not in summed, summed
+    text = summed.pop()
+    for words in ["differs between ranks",
+                  *[f"rank {r} called the test's sum on rank {r}" for r in range(ranks)]]:
+        assert words in text, text
 
 
 def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
@@ -60,3 +69,4 @@ def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
     assert all(g["mixed"] is None for g in got)   # (no meeting: nothing to differ in)
     assert all(g["brought"] is None for g in got)
     assert all(g["verdicts"] == [False, True] for g in got)   # (by an allreduce then)
+    assert all(g["meeting_sums"] is None for g in got)   # (small sums go to MPI then)

@@ -86,6 +86,15 @@ for name in ALGORITHMS:
         algos.run(name, v)
         check(f"{name}-patient-n{n}", v, expected(n, "float32"), "float32")
         results[f"{name}-patient-n{n}-identical"] = {"err": 0, "ok": identical_everywhere(v)}
+# small sums of a patient group on one host: made in the host barrier's meeting
+algos.forced = "auto"
+results["meeting-used"] = []
+for n in (size * 3 + 1, 5003, 30001, 5003):   # (at most 240 KB: below SMALL_BYTES)
+    for dtype in ("float16", "float32", "float64"):
+        v = data(n, dtype, rank)
+        results["meeting-used"].append(algos.allreduce(v))
+        check(f"meeting-{dtype}-n{n}", v, expected(n, dtype), dtype)
+        results[f"meeting-{dtype}-n{n}-identical"] = {"err": 0, "ok": identical_everywhere(v)}
 algos.patient = False
 
 # the real chunk and segment sizes, on an array spanning several chunks

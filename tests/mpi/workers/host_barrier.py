@@ -1,9 +1,10 @@
 """A group's host barrier on a real job: a rank passes ``meet`` only once every rank
 arrived, the others of a one-to-many collective only once its root posted, every rank
 learns whether all brought the same digest (``meet_agreeing``) and what each brought
-(``meet_bringing``: a check of prefetched rows decides there), a rank that meets for
-another collective while others agree on a call or check their rows raises with them, and
-the ranks agree on whether to use it at all.
+(``meet_bringing``: a check of prefetched rows decides there), small sums are made in the
+meeting itself (``meeting_sum.py``), a rank that meets for another collective while others
+agree on a call, check their rows or sum raises with them, and the ranks agree on whether
+to use it at all.
 
 argv: OUT [RANK_WITHOUT]. RANK_WITHOUT: a rank that turns the barrier off
 (KVHYBRID_HOST_BARRIER=0), which must turn it off on every rank. Rank r writes
@@ -94,6 +95,30 @@ if group.meets_on_host:   # (without it rank 0's allreduce would wait for the ti
                 group.meet()
     except KeyValueError as exc:
         record["check_mixed"] = str(exc)
+
+# sums made in the meeting (meeting_sum.py), as the engine path's patient group makes small
+# ones: right and exact, call after call (its two sets of slots alternate), several sizes
+# and dtypes; then rank 0 sums where the others meet for another collective: all raise
+record["meeting_sums"] = record["sum_mixed"] = None
+if group.meets_on_host:
+    group.algorithms.patient = True
+    record["meeting_sums"] = []
+    for step, (n, dtype) in enumerate([(1, "float32"), (5003, "float32"), (5003, "float64"),
+                                       (7, "int64"), (65535, "float32"), (5003, "float32")]):
+        def part(r):
+            return (np.arange(n) % 13 + r + step).astype(dtype)
+        v = part(rank)
+        name = group.algorithms.allreduce(v)
+        record["meeting_sums"].append([name, bool(np.array_equal(
+            v, sum(part(r) for r in range(group.size))))])
+    try:
+        with group.watchdog.waiting(f"the test's sum on rank {rank}"):
+            if rank == 0:
+                group.algorithms.allreduce(np.ones(10, np.float32))
+            else:
+                group.meet()
+    except KeyValueError as exc:
+        record["sum_mixed"] = str(exc)
 
 (out / f"rank{rank}.json").write_text(json.dumps(record))
 group.close()
