@@ -56,6 +56,11 @@ setup(
                  Extension("kvhybrid.tensor_collectives._host_barrier",
                            ["kvhybrid/tensor_collectives/host_barrier.cc"], language="c++",
                            extra_compile_args=["-O2", "-std=c++17"], optional=True),
+                 # the start of the store's engine operations without Python on MXNet's
+                 # threads (needs no MXNet)
+                 Extension("kvhybrid.tensor_collectives._engine_start",
+                           ["kvhybrid/tensor_collectives/engine_start.cc"], language="c++",
+                           extra_compile_args=["-O2", "-std=c++17"], optional=True),
                  # the store's SGD update on its communication thread (needs no MXNet; no
                  # contraction into FMA, as MXNet's own kernel)
                  Extension("kvhybrid.kvstore._sgd_update", ["kvhybrid/kvstore/sgd_update.cc"],

@@ -9,7 +9,10 @@ computes. This is Horovod's and BytePS's MXNet op design (``horovod/mxnet/mpi_op
 
 - the operation has the CPU-prioritized property, so the engine runs it on its
   priority threads, never on a compute worker; all it does there is hand the
-  operation to this module's communication thread and return;
+  operation to this module's communication thread and return: in C where the helper
+  ``engine_start.cc`` was built (no GIL taken on MXNet's thread: a Python function there
+  made the pushing caller's thread wait for the GIL, 27 us a submit in training against 6
+  alone), else a Python callback;
 - the communication thread runs ``work`` (an MPI collective on host views of the
   arrays) in *submission order*, waiting for each operation to be started by the
   engine. Every rank submits the same operations in the same order (the store's
@@ -40,6 +43,7 @@ from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError, KVHybridError
+from .native import load_helper
 
 log = logging.getLogger("kvhybrid")
 
@@ -67,20 +71,54 @@ class _OnComplete(ctypes.Structure):
                 ("param", ctypes.c_void_p)]
 
 
+class _Slot(ctypes.Structure):
+    """One operation's start, written by ``engine_start.cc`` on MXNet's thread: whether it
+    started, the engine's completion copied out, when (``time.perf_counter`` seconds)."""
+    _fields_ = [("started", ctypes.c_uint32), ("padding", ctypes.c_uint32),
+                ("callback", ctypes.c_void_p), ("engine", ctypes.c_void_p),
+                ("param", ctypes.c_void_p), ("ready_at", ctypes.c_double)]
+
+
+#: microseconds of one sleep on a slot: the wait loops in Python between them
+_SLOT_SLEEP_US = 200_000
+_START: list = []   # [(the C start function's address, wait, complete), or None], once
+
+
+def _native_start():
+    """The helper's start (as a function pointer for MXNet), wait and complete, or None
+    where it was not built or is off (``KVHYBRID_CPP_HELPER=0``)."""
+    if not _START:
+        found = None
+        lib = load_helper("_engine_start", "KVHYBRID_CPP_HELPER",
+                          "MXNet's engine starts the store's operations through Python")
+        if lib is not None:
+            wait, complete = lib.kvhybrid_engine_wait_started, lib.kvhybrid_engine_complete
+            wait.restype, wait.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]
+            complete.restype, complete.argtypes = None, [ctypes.c_void_p]
+            start = ctypes.cast(lib.kvhybrid_engine_started, ctypes.c_void_p)
+            found = (start, wait, complete)
+        _START.append(found)
+    return _START[0]
+
+
 def thread_level_ok(MPI) -> bool:
     """Whether two threads may call MPI at once (the caller's and the communication thread)."""
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
 class _Op:
-    __slots__ = ("ident", "name", "arrays", "work", "started", "done", "ready_at", "cleanup")
+    __slots__ = ("ident", "name", "arrays", "work", "started", "done", "ready_at", "cleanup",
+                 "slot")
 
     def __init__(self, ident: int, name: str, arrays: Sequence[NDArray],
                  work: Callable[[], None], cleanup: Optional[Callable[[], None]] = None,
-                 started: Optional[threading.Event] = None):
+                 started: Optional[threading.Event] = None, slot: Optional[_Slot] = None):
         self.ident, self.name, self.arrays, self.work = ident, name, list(arrays), work
         self.cleanup = cleanup
-        self.started = threading.Event() if started is None else started
+        #: where the engine's start lands: a slot the C helper fills, else this event
+        self.slot = slot
+        self.started = started if started is not None or slot is not None \
+            else threading.Event()
         self.done: Optional[_OnComplete] = None
         self.ready_at = 0.0
 
@@ -189,6 +227,8 @@ class EngineComm:
         self.timeline: Deque[OpTiming] = collections.deque(maxlen=TIMELINE)
         self._ctx = _Context(_CPU, 0)
         self._prop = ctypes.c_int(CPU_PRIORITIZED)
+        #: the C helper's (start, wait, complete), or None: the Python callback starts ops
+        self._native = _native_start()
         _COMMS[self.ident] = self
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"kvhybrid-comm-{group.name}")
@@ -206,18 +246,22 @@ class EngineComm:
             raise KVHybridError(f"the communication thread of group {self.group.name} is "
                                 "closed: create a new store")
         self._count += 1
-        op = _Op(self._count, name, list(arrays) + list(reads), work, cleanup)
+        slot = _Slot() if self._native is not None else None
+        op = _Op(self._count, name, list(arrays) + list(reads), work, cleanup, slot=slot)
         with self._cv:
             self._ops[op.ident] = op
             self._queue.append(op)
             self._cv.notify()
         mutated = (ctypes.c_void_p * len(arrays))(*[a.handle.value for a in arrays])
         read = (ctypes.c_void_p * len(reads))(*[a.handle.value for a in reads])
+        if slot is not None:   # (the op, kept in _ops until completed, keeps the slot)
+            start, param = self._native[0], ctypes.c_void_p(ctypes.addressof(slot))
+        else:
+            start, param = _engine_started, ctypes.c_void_p((self.ident << 40) + op.ident)
         check_call(_LIB.MXEnginePushAsyncND(
-            _engine_started, ctypes.c_void_p((self.ident << 40) + op.ident), None,
-            ctypes.byref(self._ctx), read, len(reads), mutated, len(arrays),
-            ctypes.byref(self._prop), priority, ctypes.c_char_p(b"kvhybrid_" + name.encode()[:64]),
-            False))
+            start, param, None, ctypes.byref(self._ctx), read, len(reads), mutated,
+            len(arrays), ctypes.byref(self._prop), priority,
+            ctypes.c_char_p(b"kvhybrid_" + name.encode()[:64]), False))
 
     def enqueue(self, name: str, work: Callable[[], None],
                 cleanup: Optional[Callable[[], None]] = None) -> None:
@@ -255,12 +299,12 @@ class EngineComm:
             try:
                 with dog.waiting(lambda: f"MXNet's engine to compute the inputs of {op.name}",
                                  collective=False):
-                    op.started.wait()
+                    self._wait_started(op)
                 if self.error is None:   # after a failure the rest only completes
                     begin = time.perf_counter()
                     op.work()
                     self.ops_run += 1
-                    if self.record and op.done is not None:   # engine operations only
+                    if self.record and (op.done is not None or op.slot is not None):
                         self.timeline.append(OpTiming(op.name, op.ready_at, begin,
                                                       time.perf_counter()))
             except KeyValueError as exc:   # the ranks' calls differ: every rank raises it
@@ -271,13 +315,26 @@ class EngineComm:
                               f"{self.group.name} failed: {type(exc).__name__}: {exc}")
                 log.error("kvhybrid: %s", self.error)
             finally:
-                op.started.wait()
+                self._wait_started(op)
                 if op.cleanup is not None:
                     op.cleanup()
                 del self._ops[op.ident]
                 op.arrays = []
-                if op.done is not None:   # an engine operation (not an enqueued job)
+                if op.slot is not None:
+                    self._native[2](ctypes.addressof(op.slot))
+                elif op.done is not None:   # an engine operation (not an enqueued job)
                     _complete(op.done)
+
+    def _wait_started(self, op: _Op) -> None:
+        """Until the engine has started ``op`` (its inputs written): on its slot's futex
+        where the C helper starts it, else on its event."""
+        if op.slot is None:
+            op.started.wait()
+            return
+        address, wait = ctypes.addressof(op.slot), self._native[1]
+        while not wait(address, _SLOT_SLEEP_US):
+            pass
+        op.ready_at = op.slot.ready_at
 
     def close(self) -> None:
         """Let queued work finish (the caller waited for the engine first: every engine

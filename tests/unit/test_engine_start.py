@@ -1,0 +1,44 @@
+"""How MXNet's engine starts the store's operations (engine.py): through the C helper
+``engine_start.cc`` (no Python, so no GIL, on MXNet's threads) or, where it was not built,
+a Python callback. Either way the operations run in submission order once their inputs are
+written, the completion reaches the engine (``waitall`` returns), a failing one completes
+too and its error reaches the caller's thread, and each is timed when recording."""
+import mxnet as mx
+import pytest
+
+from kvhybrid.errors import KVHybridError
+from kvhybrid.tensor_collectives import engine
+from kvhybrid.tensor_collectives.group import Group, GroupSettings
+from kvhybrid.tensor_collectives.ndarray_view import host_view
+
+
+@pytest.fixture(scope="module")
+def group():
+    made = Group.world(GroupSettings(timeout=60), allow_singleton=True)
+    yield made
+    made.close()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-helper", "python-callback"])
+def test_operations_start_in_order_once_written_and_complete(group, native):
+    comm = engine.EngineComm(group)
+    if native:
+        assert comm._native is not None, "scripts/setup.sh builds engine_start.cc"
+    else:
+        comm._native = None   # (as where the helper was not built)
+    comm.record = True
+    big, small = mx.nd.zeros((1 << 20,)), mx.nd.zeros((4,))
+    one = mx.nd.ones((1 << 20,))
+    for _ in range(10):   # writes the engine has not run yet when the first op is pushed
+        mx.nd.elemwise_add(big, one, out=big)
+    seen = []
+    comm.submit("first", [big], lambda: seen.append(("first", float(host_view(big)[-1]))))
+    comm.submit("second", [small], lambda: seen.append(("second", 0.0)))
+    comm.submit("broken", [small], lambda: 1 / 0)
+    mx.nd.waitall()   # returns: every operation completed, the failing one too
+    assert seen == [("first", 10.0), ("second", 0.0)]
+    assert [t.name for t in comm.timeline] == ["first", "second"]
+    assert all(0 < t.ready <= t.begin <= t.end for t in comm.timeline)
+    with pytest.raises(KVHybridError, match="broken"):
+        comm.check()
+    comm.close()
