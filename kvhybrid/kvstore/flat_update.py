@@ -32,7 +32,7 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ..tensor_collectives.native import load_helper
-from ..tensor_collectives.ndarray_view import host_view, is_host
+from ..tensor_collectives.ndarray_view import host_view
 from ..tensor_collectives.operators import Operator
 from .keys import Key, KeySlot
 
@@ -119,12 +119,14 @@ class FlatSGD:
             updater.states[key] = state
             updater.states_synced[key] = True
             self.states.append(state)
+        #: bytes per element (looked up once: an NDArray's dtype is a call into MXNet)
+        self.itemsize = np.dtype(grads.dtype).itemsize
         #: the C++ update where it applies (see module), with the buffers' addresses
         self.kernel = native_kernel(grads.dtype) \
-            if grads_view is not None and grads_view.size == count \
-            and grads_view.nbytes <= NATIVE_UPDATE_BYTES and is_host(grads) else None
+            if grads_view is not None and grads_view.nbytes <= NATIVE_UPDATE_BYTES else None
         self._addresses: Tuple[int, int, Optional[int]] = (0, 0, None)
-        self._copies: Optional[tuple] = None   # (outs' addresses, byte bounds): copy_after
+        #: (the outs' views, their addresses, the keys' byte bounds): ``copy_after``
+        self._copies: Optional[tuple] = None
         if self.kernel is not None:
             # wait once: the copies above write them, and MXNet may allocate late
             self.weights.wait_to_read()
@@ -139,15 +141,15 @@ class FlatSGD:
         """Have each step's update (``prepare``) then copy key n's updated weights into
         ``outs[n]`` (host views, C-contiguous, of the key's elements each; the caller
         declares their arrays written). Only where ``kernel`` is set."""
-        size = np.dtype(self.grads.dtype).itemsize
         if self.kernel is None or len(outs) != len(self.keys) or any(
-                o.nbytes != (b - a) * size or not o.flags.c_contiguous
+                o.nbytes != (b - a) * self.itemsize or not o.flags.c_contiguous
                 for o, a, b in zip(outs, self.bounds, self.bounds[1:])):
             raise ValueError("copy_after needs the C++ update and one contiguous host view "
                              "of each key's elements")
-        self._outs = list(outs)   # (held: their memory must outlive the addresses)
-        self._copies = ((ctypes.c_void_p * len(outs))(*[o.ctypes.data for o in outs]),
-                        (ctypes.c_int64 * len(self.bounds))(*[b * size for b in self.bounds]))
+        self._copies = (list(outs),   # (held: their memory must outlive the addresses)
+                        (ctypes.c_void_p * len(outs))(*[o.ctypes.data for o in outs]),
+                        (ctypes.c_int64 * len(self.bounds))(
+                            *[b * self.itemsize for b in self.bounds]))
 
     @property
     def buffers(self) -> List[NDArray]:
@@ -178,7 +180,7 @@ class FlatSGD:
         rescale = float(params["rescale_grad"])
         momentum = float(params.get("momentum", 0.0))
         clip = float(params.get("clip_gradient", -1.0))
-        kernel, size = self.kernel, np.dtype(self.grads.dtype).itemsize
+        kernel, size = self.kernel, self.itemsize
         weights, grads, moms = self._addresses
         copies, count = self._copies, len(self.keys)
 
@@ -188,7 +190,7 @@ class FlatSGD:
                        None if moms is None else moms + a * size, b - a, lr, wd, rescale,
                        momentum, clip)
             if copies is not None:
-                _HELPER[0].kvhybrid_copy_pieces(weights, copies[0], copies[1], count)
+                _helper().kvhybrid_copy_pieces(weights, copies[1], copies[2], count)
 
         return apply
 

@@ -168,7 +168,7 @@ class Algorithms:
             if self._meeting_sum is None:
                 self._meeting_sum = MeetingSum(group, group.MPI)
             self._meeting_sum.allreduce(view, meet or (
-                lambda: group.meet_summing(sum_digest(view.nbytes, view.dtype))))
+                lambda: group.meet(sum_digest(view.nbytes, view.dtype))))
             return
         met = meet is not None and meet()
         # a patient group's ranks sleep until all are here (where they share a host), so the

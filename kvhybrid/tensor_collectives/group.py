@@ -72,16 +72,18 @@ class Group:
         #: Open MPI 4) while its other threads ran collectives
         self._barrier = HostBarrier.make(self) if self.size > 1 else None
 
-    def meet(self) -> bool:
+    def meet(self, digest: int = 0) -> bool:
         """Sleep until every rank of the group is here, where they all share a host
         (``host_barrier.py``), and return True; elsewhere return False at once (the same on
         every rank). Every rank calls it before the same patient collective, inside the
-        watchdog's wait for it."""
+        watchdog's wait for it. ``digest``: what this collective brings (0, or a sum made
+        in the meeting: ``meeting_sum.sum_digest``); a rank that brought something else is
+        in another collective: every rank raises."""
         if self._barrier is None:
             return False
-        if not self._barrier.wait():   # a rank brought a call's digest: it agrees on a call
-            # here (``meet_agreeing``) while this rank makes another collective: the ranks'
-            # calls differ. It waits for why: tell it, and raise what it raises
+        if not self._barrier.wait(digest):   # e.g. a rank agrees on a call here
+            # (``meet_agreeing``) while this rank makes another collective: the ranks' calls
+            # differ. It waits for why: tell it, and raise what it raises
             self.raise_calls_differ(None, None, self.watchdog.current or "another collective")
         return True
 
@@ -93,13 +95,6 @@ class Group:
         if self._barrier is None:
             return None
         return self._barrier.wait(digest)
-
-    def meet_summing(self, digest: int) -> None:
-        """``meet`` for a sum made in the meeting (``meeting_sum.py``), bringing its
-        ``digest``: raises on every rank where one rank meets for another collective (a
-        plain meeting's rank raises there too). Only where the group has a host barrier."""
-        if not self._barrier.wait(digest):
-            self.raise_calls_differ(None, None, self.watchdog.current or "a sum")
 
     def meet_bringing(self, digest: int) -> Optional[np.ndarray]:
         """``meet``, each rank bringing ``digest`` (a nonzero signed 64-bit number): what

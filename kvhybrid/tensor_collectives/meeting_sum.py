@@ -13,7 +13,7 @@ Two sets of slots alternate, one per call's parity: a rank writes a set again tw
 later, after the meeting of the call between, which no rank reaches before it has read
 this call's slots. A rank brings a digest of the sum (its kind and byte count) to a meeting
 of its own (no agreement rides in it): a rank that meets for another collective raises, and
-so does this one (``Group.meet_summing``), instead of adding memory nobody wrote.
+so does this one (``Group.meet``), instead of adding memory nobody wrote.
 """
 from __future__ import annotations
 
