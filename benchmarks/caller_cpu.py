@@ -8,6 +8,7 @@ reports the thread CPU each took per step (the outermost call of each, mean over
 workers, median over the rounds), inclusive of what it calls:
 
     python -m benchmarks.caller_cpu --models lm nmt --rounds 3 --name caller_cpu
+    python -m benchmarks.caller_cpu --models nmt --systems "kvhybrid all-PS" dist_sync
 
 The wrappers cost a little CPU themselves (a few microseconds a call), so compare the rows
 with each other, not the total with ``benchmarks.models``. Writes ``NAME.{md,json,png}``.
@@ -53,12 +54,16 @@ TIMED = [
     ("kvhybrid.kvstore.flat_update", "FlatSGD.update",
      "    the optimizer (one SGD operator per bucket)"),
     ("kvhybrid.kvstore.overlap", "copy_to_all", "    weights to the outs"),
+    ("kvhybrid.kvstore.server_round_trips", "RoundTripPlan.run",
+     "  keys to the servers and back (a client per worker)"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.push", "store: push (rows)"),
     ("kvhybrid.kvstore.sparse", "SparsePath.settle_pulls", "  settle the prefetched pulls' checks"),
     ("kvhybrid.kvstore.calls", "Calls.checked", "  the call's memo (checked once)"),
     ("kvhybrid.kvstore.sparse", "SparsePath._read_rows", "  the gradient, by reference"),
     ("kvhybrid.kvstore.sparse", "local_ids", "  read the gradient's row ids"),
     ("kvhybrid.kvstore.row_exchange", "push_and_prefetch", "  rows to the master, next ids"),
+    ("kvhybrid.kvstore.row_exchange", "push_and_prefetch_alone",
+     "  rows to the servers, next ids (a client per worker)"),
     ("kvhybrid.kvstore.row_exchange", "gather_patiently", "    the gather"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.row_sparse_pull", "store: row_sparse_pull"),
     ("kvhybrid.kvstore.row_exchange", "checked_row_ids", "  check the ids"),
@@ -182,7 +187,7 @@ def segments(med: Dict, system: str) -> Dict[str, float]:
     """A system's step as parts that do not overlap: the model's own work, and each call
     into its store (the store's calls taken out of the phase that makes them)."""
     us = med["us_per_step"]
-    prefix = "store" if system == "kvhybrid" else "MXNet KVStore"
+    prefix = "store" if system.startswith("kvhybrid") else "MXNet KVStore"
     calls = {k: v for k, v in us.items() if k.startswith(prefix + ":")}
     pulls = sum(v for k, v in calls.items() if "pull" in k and "pushpull" not in k)
     in_step = sum(v for k, v in calls.items() if "prefetch" not in k) - pulls
@@ -225,7 +230,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["lm", "nmt"])
     p.add_argument("--systems", nargs="+", default=["kvhybrid", "dist_sync"],
-                   choices=["kvhybrid", "dist_sync"])
+                   choices=["kvhybrid", "kvhybrid all-PS", "dist_sync"])
     p.add_argument("--rounds", type=int, default=3, help="runs per system, order alternated")
     add_wrapped_worker_args(p, "caller_cpu", steps=400, warmup=10)
     args = p.parse_args(argv)
