@@ -61,6 +61,11 @@ setup(
                  Extension("kvhybrid.tensor_collectives._engine_start",
                            ["kvhybrid/tensor_collectives/engine_start.cc"], language="c++",
                            extra_compile_args=["-O2", "-std=c++17"], optional=True),
+                 # the row group master's merges of the ranks' row ids and rows (needs no
+                 # MXNet)
+                 Extension("kvhybrid.tensor_collectives._rows",
+                           ["kvhybrid/tensor_collectives/rows.cc"], language="c++",
+                           extra_compile_args=["-O3", "-std=c++17"], optional=True),
                  # the store's SGD update on its communication thread (needs no MXNet; no
                  # contraction into FMA, as MXNet's own kernel)
                  Extension("kvhybrid.kvstore._sgd_update", ["kvhybrid/kvstore/sgd_update.cc"],

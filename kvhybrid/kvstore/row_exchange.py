@@ -31,7 +31,8 @@ from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, hos
                                                     host_view, new_host_row_sparse,
                                                     row_sparse_ids)
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
-                                       scatter_bytes, scatter_rows, sum_rows)
+                                       scatter_bytes, scatter_rows, sum_rows, take_rows,
+                                       union_ids)
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.operators import copy
 from .agreement import PULL_CHECK, TAG, UNCOVERED, agree, digest
@@ -75,8 +76,8 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.
     gathered = gather_patiently(local_rows(arrays, ids), group, root=0, name=f"key {key!r}")
     if servers is None:   # (the master holds the link)
         return
-    (all_ids, _), (all_rows, _) = gathered
-    ids, rows = sum_rows(all_ids, all_rows)
+    (all_ids, counts), (all_rows, _) = gathered
+    ids, rows = sum_rows(all_ids, all_rows, counts)
     group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
     servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
 
@@ -146,17 +147,17 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
         ids)."""
         calls = gathered[-1][0].reshape(-1, 2)   # (error flag, digest) per rank
         failed = bool(calls[:, 0].any()) or len(set(calls[:, 1].tolist())) > 1
-        fetches = []   # (union, wanted, fetch) per key
+        fetches = []   # (union, every rank's next ids, how many each, fetch) per key
         for n, p in enumerate(pushes):
-            (all_ids, _), (all_rows, _), (nexts, counts) = gathered[3 * n:3 * n + 3]
-            union, fetch = np.unique(nexts), None
+            (all_ids, id_counts), (all_rows, _), (nexts, counts) = gathered[3 * n:3 * n + 3]
+            union, fetch = union_ids(nexts, counts), None
             if servers is not None and not failed:
-                summed_ids, summed = sum_rows(all_ids, all_rows)
+                summed_ids, summed = sum_rows(all_ids, all_rows, id_counts)
                 group.bytes_sent["servers"] += summed_ids.nbytes + summed.nbytes
                 servers.push_rows(p.key, summed_ids, summed, p.slot.shape, p.slot.dtype)
                 if len(union):
                     fetch = servers.start_pull_rows(p.key, union, p.slot.shape, p.slot.dtype)
-            fetches.append((union, by_rank(nexts, counts), fetch))
+            fetches.append((union, nexts, counts, fetch))
         return failed, fetches
 
     # the master's calls of the link wait for serve (ServerLink.defer): ps-lite must see
@@ -299,25 +300,26 @@ def _hand_out_packed(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int]
     taken from the servers' table straight into the send buffer, copied once. Waits for
     the servers' rows."""
     tables = []
-    for p, (union, _, fetch) in zip(pushes, fetches):
+    for p, (union, _, _, fetch) in zip(pushes, fetches):
         with group.watchdog.waiting(lambda: f"the parameter servers to return {len(union)} "
                                             f"prefetched rows of key {p.key!r}",
                                     collective=False, outward=True):
             tables.append(fetch() if fetch is not None else None)
-    sizes = np.array([8 + sum(len(wanted[r]) * size for (_, wanted, _), size
-                              in zip(fetches, row_bytes)) for r in range(group.size)], np.int64)
-    send = np.zeros(int(sizes.sum()), np.uint8)
-    at = 0
-    for r in range(group.size):
+    # each rank's message: the verdict, then each key's rows (keys × ranks bytes)
+    key_bytes = np.array([counts * size for (_, _, counts, _), size in zip(fetches, row_bytes)],
+                         np.int64).reshape(len(fetches), group.size)
+    sizes = 8 + key_bytes.sum(axis=0)
+    # (not zeroed page by page: every byte is written below)
+    send = np.empty(int(sizes.sum()), np.uint8)
+    if failed or any(table is None for table in tables):   # (no rows asked for, or calls differed)
+        send[:] = 0
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    for at in starts.tolist():
         send[at:at + 8].view(np.int64)[0] = failed
-        at += 8
-        for (union, wanted, _), table, size in zip(fetches, tables, row_bytes):
-            count = len(wanted[r])
-            if not (failed or table is None):   # (else no rows asked for, or calls differed)
-                into = send[at:at + count * size].view(table.dtype)
-                np.take(table, np.searchsorted(union, wanted[r]), axis=0,
-                        out=into.reshape((count,) + table.shape[1:]))
-            at += count * size
+    offsets = starts + 8 + np.cumsum(key_bytes, axis=0) - key_bytes   # (each key's, per rank)
+    for (union, nexts, counts, _), table, at in zip(fetches, tables, offsets):
+        if not (failed or table is None):
+            take_rows(union, table, nexts, counts, send, at)
     return send, sizes
 
 

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import List, Optional, Sequence, Tuple
 
@@ -19,6 +20,7 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from .group import Group
+from .native import load_helper
 from .ndarray_view import host_row_sparse, host_view, is_host, row_sparse_ids
 from .ops import wait_all_patiently, wait_patiently
 
@@ -162,10 +164,88 @@ def scatter_bytes(packed: Optional[Tuple[np.ndarray, np.ndarray]], out: np.ndarr
     return out
 
 
-def sum_rows(ids: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-    """Sorted unique ids and the sum of the rows of each id (a valid row_sparse layout)."""
+_HELPER: List[Optional[ctypes.CDLL]] = []   # rows.cc, loaded once
+_SUMS = {np.dtype(np.float32): "kvhybrid_sum_rows_f32",
+         np.dtype(np.float64): "kvhybrid_sum_rows_f64"}
+
+
+def _helper() -> Optional[ctypes.CDLL]:
+    if not _HELPER:
+        lib = load_helper("_rows", "KVHYBRID_CPP_HELPER",
+                          "the master's unions, sums and hand-outs of rows are numpy's")
+        if lib is not None:
+            for name in ("kvhybrid_union_ids", "kvhybrid_take_rows", *_SUMS.values()):
+                getattr(lib, name).restype = ctypes.c_int64
+            lib.kvhybrid_union_ids.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3
+            for name in _SUMS.values():
+                getattr(lib, name).argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3 + \
+                    [ctypes.c_int64] + [ctypes.c_void_p] * 2
+            lib.kvhybrid_take_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64,
+                                               ctypes.c_void_p, ctypes.c_int64,
+                                               ctypes.c_int64] + [ctypes.c_void_p] * 4
+        _HELPER.append(lib)
+    return _HELPER[0]
+
+
+def _int64s(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def union_ids(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The sorted union of the ranks' sorted unique ``ids`` (``gather_patiently``'s
+    concatenation, ``counts`` per rank): one merge in the C++ helper, else ``np.unique``."""
+    lib = _helper()
+    if lib is not None and len(ids):
+        ids, counts = _int64s(ids), _int64s(counts)
+        out = np.empty(len(ids), np.int64)
+        n = lib.kvhybrid_union_ids(len(counts), ids.ctypes.data, counts.ctypes.data,
+                                   out.ctypes.data)
+        if n >= 0:
+            return out[:n]
+    return np.unique(ids)
+
+
+def take_rows(have: np.ndarray, table: np.ndarray, wanted: np.ndarray, counts: np.ndarray,
+              out: np.ndarray, offsets: np.ndarray) -> None:
+    """Each rank's rows of its sorted unique ``wanted`` ids (``counts`` per rank, back to
+    back) out of ``table`` (the rows of the sorted unique ``have``, which holds every one of
+    them) into the bytes ``out`` from rank r's byte offset ``offsets[r]`` on: one merge per
+    rank in the C++ helper, else numpy's search and take."""
+    lib = _helper()
+    if lib is not None and table.flags.c_contiguous and wanted.dtype == have.dtype == np.int64:
+        have, wanted, counts = _int64s(have), _int64s(wanted), _int64s(counts)
+        offsets = _int64s(offsets)
+        if lib.kvhybrid_take_rows(have.ctypes.data, len(have), table.ctypes.data,
+                                  table.itemsize * math.prod(table.shape[1:]), len(counts),
+                                  wanted.ctypes.data, counts.ctypes.data, out.ctypes.data,
+                                  offsets.ctypes.data) == 0:
+            return
+    row_bytes = table.itemsize * math.prod(table.shape[1:])
+    for at, mine in zip(offsets.tolist(), by_rank(wanted, counts)):
+        into = out[at:at + len(mine) * row_bytes].view(table.dtype)
+        np.take(table, np.searchsorted(have, mine), axis=0,
+                out=into.reshape((len(mine),) + table.shape[1:]))
+
+
+def sum_rows(ids: np.ndarray, rows: np.ndarray,
+             counts: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Sorted unique ids and the sum of the rows of each id (a valid row_sparse layout),
+    each id's rows added in their order in ``ids``. ``counts``: how many of ``ids`` each
+    rank gave, where each rank's are sorted unique (``gather_patiently``'s): then the C++
+    helper merges them in one pass, with the same bits."""
     if len(ids) == 0:
         return ids, rows
+    lib = _helper()
+    name = _SUMS.get(rows.dtype)
+    if lib is not None and counts is not None and name is not None \
+            and rows.flags.c_contiguous:
+        ids, counts = _int64s(ids), _int64s(counts)
+        out_ids, out_rows = np.empty(len(ids), np.int64), np.empty_like(rows)
+        n = getattr(lib, name)(len(counts), ids.ctypes.data, counts.ctypes.data,
+                               rows.ctypes.data, math.prod(rows.shape[1:]),
+                               out_ids.ctypes.data, out_rows.ctypes.data)
+        if n >= 0:
+            return out_ids[:n], out_rows[:n]
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
     starts = np.flatnonzero(np.concatenate(([True], ids[1:] != ids[:-1])))

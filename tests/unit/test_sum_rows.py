@@ -1,17 +1,48 @@
-"""The master's sum of its group's rows (one process; no MPI involved)."""
+"""The master's arithmetic on its group's rows (one process; no MPI involved): the sum of
+the ranks' rows by id, the union of their next ids and each rank's rows taken from the
+servers' answer, each made by the C++ helper (rows.cc) with numpy's bits, and by numpy
+where the helper cannot (ids not sorted per rank, a dtype it lacks, the helper off)."""
 import numpy as np
 import pytest
 
-from kvhybrid.tensor_collectives.rows import sum_rows
+from kvhybrid.tensor_collectives import rows as rows_module
+from kvhybrid.tensor_collectives.rows import sum_rows, take_rows, union_ids
+
+
+def _ranks(ranks: int, seed: int, vocab: int = 30, each: int = 20):
+    """Each rank's sorted unique ids (as local_rows reads one gradient's), concatenated, and
+    the counts; ids repeat across ranks."""
+    rng = np.random.RandomState(seed)
+    parts = [np.unique(rng.randint(0, vocab, each)) for _ in range(ranks)]
+    if ranks > 1:
+        parts[1] = parts[1][:0]   # a rank that touched no row
+    return np.concatenate(parts).astype(np.int64), np.array([len(p) for p in parts])
+
+
+def _not_numpy(*args, **kwargs):
+    raise AssertionError("numpy summed what the helper should have")
+
+
+def _numpy_sum(ids, rows):
+    """sum_rows as numpy makes it (no counts: the helper is not asked)."""
+    return sum_rows(ids, rows)
+
+
+@pytest.fixture(params=["helper", "numpy"])
+def helper(request, monkeypatch):
+    """Each test runs with the helper and with it switched off (KVHYBRID_CPP_HELPER=0)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(rows_module, "_HELPER", [None])
+    else:   # scripts/setup.sh builds it
+        assert rows_module._helper() is not None, "rows.cc was not built: run scripts/setup.sh"
+    return request.param
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_sum_rows_sums_every_copy_of_an_id_once(ranks):
-    rng = np.random.RandomState(ranks)
-    # each rank sends sorted unique ids, as local_rows does; ids repeat across ranks
-    ids = np.concatenate([np.unique(rng.randint(0, 30, 20)) for _ in range(ranks)])
-    rows = rng.rand(len(ids), 2, 3).astype(np.float32)
-    unique, total = sum_rows(ids, rows)
+def test_sum_rows_sums_every_copy_of_an_id_once(ranks, helper):
+    ids, counts = _ranks(ranks, ranks)
+    rows = np.random.RandomState(7).rand(len(ids), 2, 3).astype(np.float32)
+    unique, total = sum_rows(ids, rows, counts)
     want = {}
     for i, r in zip(ids.tolist(), rows):
         want[i] = want.get(i, 0) + r.astype(np.float64)
@@ -21,7 +52,63 @@ def test_sum_rows_sums_every_copy_of_an_id_once(ranks):
         np.testing.assert_allclose(t, want[i], rtol=1e-6)
 
 
-def test_sum_rows_of_nothing():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_the_helpers_sum_has_numpys_bits(dtype, helper):
+    ids, counts = _ranks(5, 11, vocab=200, each=150)
+    rows = (np.random.RandomState(3).standard_normal((len(ids), 7)) * 1e3).astype(dtype)
+    with pytest.MonkeyPatch.context() as patch:
+        if helper == "helper" and dtype != np.float16:   # (numpy's sort is not reached)
+            patch.setattr(rows_module.np, "argsort", _not_numpy)
+        unique, total = sum_rows(ids, rows, counts)
+    want_ids, want = _numpy_sum(ids, rows)
+    assert unique.tolist() == want_ids.tolist() and total.dtype == want.dtype
+    assert total.tobytes() == want.tobytes()
+
+
+def test_ids_not_sorted_per_rank_are_summed_by_numpy(helper):
+    # several devices' arrays of one rank, concatenated: the helper declines, numpy sums
+    ids = np.array([5, 1, 9, 1, 5], np.int64)
+    rows = np.arange(10, dtype=np.float32).reshape(5, 2)
+    unique, total = sum_rows(ids, rows, np.array([5]))
+    assert unique.tolist() == [1, 5, 9]
+    assert total.tolist() == [[2 + 6, 3 + 7], [0 + 8, 1 + 9], [4, 5]]
+
+
+def test_sum_rows_of_nothing(helper):
     ids, rows = np.zeros(0, np.int64), np.zeros((0, 4), np.float32)
-    unique, total = sum_rows(ids, rows)
+    unique, total = sum_rows(ids, rows, np.zeros(3, np.int64))
     assert unique.shape == (0,) and total.shape == (0, 4)
+
+
+def test_union_ids_is_numpys_unique(helper):
+    ids, counts = _ranks(4, 5, vocab=100, each=60)
+    assert union_ids(ids, counts).tolist() == np.unique(ids).tolist()
+    assert union_ids(np.array([3, 1, 2, 3], np.int64), np.array([4])).tolist() == [1, 2, 3]
+    assert union_ids(np.zeros(0, np.int64), np.zeros(2, np.int64)).tolist() == []
+
+
+def test_take_rows_takes_each_ranks_rows_to_its_offset(helper):
+    have = np.array([2, 4, 7, 8, 11], np.int64)
+    table = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
+    wanted = np.array([4, 8, 11, 2, 11], np.int64)   # rank 0: 3 rows, 1: none, 2: 2
+    counts = np.array([3, 0, 2])
+    send = np.zeros(8 + 3 * 12 + 8 + 8 + 2 * 12, np.uint8)   # (behind headers, as the hand-out's)
+    offsets = np.array([8, 8 + 36 + 8, 8 + 36 + 8 + 8])
+    take_rows(have, table, wanted, counts, send, offsets)
+    assert send[8:44].view(np.float32).reshape(3, 3).tolist() == table[[1, 3, 4]].tolist()
+    assert send[60:].view(np.float32).reshape(2, 3).tolist() == table[[0, 4]].tolist()
+    assert not send[:8].any() and not send[44:60].any()
+
+
+def test_ids_outside_the_table_are_not_taken_by_the_helper():
+    # the helper declines ids the table lacks (numpy would take a neighbour's row: the
+    # hand-out never asks for one, its union holds every rank's ids)
+    lib = rows_module._helper()
+    assert lib is not None, "rows.cc was not built: run scripts/setup.sh"
+    have, table = np.array([2, 4], np.int64), np.ones((2, 1), np.float32)
+    out, offsets = np.zeros(8, np.uint8), np.zeros(1, np.int64)
+    for wanted in ([3], [4, 2]):
+        wanted, counts = np.array(wanted, np.int64), np.array([len(wanted)], np.int64)
+        assert lib.kvhybrid_take_rows(have.ctypes.data, 2, table.ctypes.data, 4, 1,
+                                      wanted.ctypes.data, counts.ctypes.data, out.ctypes.data,
+                                      offsets.ctypes.data) == -1
