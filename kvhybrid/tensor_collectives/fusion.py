@@ -14,7 +14,6 @@ into one pinned host buffer by the engine, and copied back by the caller.
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -23,7 +22,7 @@ from mxnet.ndarray import NDArray
 
 from . import ndarray_view
 from .group import Group
-from .ndarray_view import ViewCache, host_view
+from .ndarray_view import ViewCache, host_view, memory_view
 
 
 
@@ -104,10 +103,8 @@ def _contiguous(views: Sequence[np.ndarray]) -> Optional[np.ndarray]:
         if v.__array_interface__["data"][0] != ptr:
             return None
         ptr += v.nbytes
-    dtype = views[0].dtype
-    raw = (ctypes.c_char * (ptr - start)).from_address(start)
-    raw.owner = views  # the views keep their NDArrays, and so the memory, alive
-    return np.frombuffer(raw, dtype=dtype)
+    dtype = views[0].dtype   # (the views keep their NDArrays, and so the memory, alive)
+    return memory_view(start, (ptr - start) // dtype.itemsize, dtype, views)
 
 
 class Bucket:

@@ -50,6 +50,26 @@ def wait_to_write(arr: NDArray) -> None:
     check_call(_LIB.MXNDArrayWaitToWrite(arr.handle))
 
 
+class _Memory:
+    """Memory at an address, as numpy reads it (``__array_interface__``), holding its owner
+    alive: a view of it needs no ctypes array type per length (``(c_char * n)`` and
+    ``np.ctypeslib.as_array`` make and cache one for each new length, 6-7 us a call where
+    rows' counts change every step, against 1-2)."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, address: int, count: int, dtype: np.dtype, owner) -> None:
+        self.__array_interface__ = {"data": (address, False), "shape": (count,),
+                                    "typestr": dtype.str, "version": 3}
+        self.owner = owner
+
+
+def memory_view(address: int, count: int, dtype, owner=None) -> np.ndarray:
+    """A flat numpy array of ``count`` ``dtype`` elements at ``address``, which keeps
+    ``owner`` (what owns the memory) alive."""
+    return np.asarray(_Memory(address, count, np.dtype(dtype), owner))
+
+
 def host_view(arr: NDArray, dtype=None, count: Optional[int] = None) -> np.ndarray:
     """A flat numpy array sharing ``arr``'s memory; ``arr`` must be a dense host array.
 
@@ -68,9 +88,7 @@ def host_view(arr: NDArray, dtype=None, count: Optional[int] = None) -> np.ndarr
         return np.empty(0, dtype=dtype)
     ptr = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(arr.handle, ctypes.byref(ptr)))
-    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(ptr.value)
-    raw.owner = arr  # the view (whose base is raw) keeps the NDArray, and so its memory, alive
-    return np.frombuffer(raw, dtype=dtype)
+    return memory_view(ptr.value, count, dtype, arr)   # (the view keeps the NDArray alive)
 
 
 def host_array(values: np.ndarray, dtype=None) -> NDArray:
@@ -263,8 +281,7 @@ def _read_row_ids(function, arr: NDArray, wait: bool = True) -> Optional[np.ndar
         return None   # (not a host row_sparse array with int64 ids)
     if not count.value:
         return np.zeros(0, np.int64)
-    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_int64)),
-                                 (count.value,)).copy()
+    return memory_view(ptr.value, count.value, np.int64).copy()
 
 
 def _write_row_ids(arr: NDArray, ids: np.ndarray) -> bool:
@@ -277,8 +294,7 @@ def _write_row_ids(arr: NDArray, ids: np.ndarray) -> bool:
     if function(arr.handle, ctypes.byref(ptr), ctypes.byref(count)) != 0 \
             or count.value != len(ids):
         return False
-    np.copyto(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_int64)),
-                                    (count.value,)), ids, casting="unsafe")
+    np.copyto(memory_view(ptr.value, count.value, np.int64), ids, casting="unsafe")
     return True
 
 
