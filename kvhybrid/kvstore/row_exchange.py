@@ -32,7 +32,7 @@ from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, hos
                                                     row_sparse_ids)
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows, take_rows,
-                                       union_ids)
+                                       union_ids, unique_ids)
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.operators import copy
 from .agreement import PULL_CHECK, TAG, UNCOVERED, agree, digest
@@ -266,7 +266,7 @@ def _take_rows(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group) ->
     if p.ids is None:   # (its gradient is written: the engine ran this after backward)
         p.ids = row_sparse_ids(p.arrays[0], wait=False)
         count_rows(p.slot, p.ids, 1)
-    ids = p.next_ids if p.next_ids is not None else np.unique(p.handed)
+    ids = p.next_ids if p.next_ids is not None else unique_ids(p.handed, p.slot.shape[0])
     width = math.prod(p.slot.shape[1:])
     group.bytes_sent["servers"] += p.ids.nbytes + len(p.ids) * width * p.slot.dtype.itemsize
     prefetch.ids = ids
@@ -283,7 +283,7 @@ def _rows_of(p: PushOfRows) -> Tuple[np.ndarray, np.ndarray]:
     place (waiting for it here would wait behind the next backward pass, which waits for
     this operation)."""
     if p.next_ids is None:
-        p.next_ids = np.unique(p.handed)
+        p.next_ids = unique_ids(p.handed, p.slot.shape[0])
     if p.arrays is None:
         return np.zeros(0, np.int64), np.zeros((0,) + tuple(p.slot.shape[1:]), p.slot.dtype)
     if p.ids is None:

@@ -1,15 +1,17 @@
-// The row group master's arithmetic on gathered rows (rows.py, kvstore/row_exchange.py),
-// made in one pass instead of numpy's sorts and per-rank Python loops. What the master
+// The row exchange's arithmetic on row ids and rows (rows.py, kvstore/row_exchange.py), made
+// in one pass instead of numpy's sorts and per-rank Python loops. What the row group master
 // gathers is each rank's rows under its sorted unique row ids (one row_sparse gradient per
 // rank), so the ranks' ids merge in one walk: the union of the next ids, the sum of the
 // ranks' rows by id, and each rank's rows taken from the servers' answer for the union.
 // Under training load numpy's versions cost an LM master's communication thread about
-// 330 us a step for one table (sort, unique, searchsorted, take, one loop per rank).
+// 330 us a step for one table (sort, unique, searchsorted, take, one loop per rank). Every
+// rank also sorts the next batch's ids it was handed (a bitmap of a vocabulary's rows).
 //
 // The sums add a row's copies in rank order, the lowest rank's first, as sum_rows in
-// rows.py does: the same bits. Each function returns -1 where a rank's ids are not
-// strictly increasing (several devices' arrays concatenated), so that the caller falls back
-// to numpy. Needs nothing of MXNet.
+// rows.py does: the same bits. Each function returns -1 where its input is not what it
+// expects (a rank's ids not strictly increasing: several devices' arrays concatenated; an
+// id outside the table), so that the caller falls back to numpy. Needs nothing of MXNet.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -79,6 +81,38 @@ int64_t sum_rows(int64_t ranks, const int64_t* ids, const int64_t* counts, const
 }  // namespace
 
 extern "C" {
+
+// The sorted unique values of ``ids`` (``count`` of them, each in [0, rows): a batch's
+// word ids as prefetch_rows was handed them) into ``out`` (room for ``count``); returns
+// how many, or -1 where an id lies outside [0, rows). A bitmap of the ids' span where it
+// is small beside them (a vocabulary's rows), else a sort.
+int64_t kvhybrid_unique_ids(const int64_t* ids, int64_t count, int64_t rows, int64_t* out) {
+  if (count == 0) return 0;
+  int64_t low = ids[0], high = ids[0];
+  for (int64_t i = 1; i < count; ++i) {
+    low = std::min(low, ids[i]);
+    high = std::max(high, ids[i]);
+  }
+  if (low < 0 || high >= rows) return -1;
+  const int64_t span = high - low + 1;
+  if (span > 64 * count + 4096) {   // (a sparse spread over a large table)
+    std::memcpy(out, ids, sizeof(int64_t) * count);
+    std::sort(out, out + count);
+    return std::unique(out, out + count) - out;
+  }
+  std::vector<uint64_t> seen((span + 63) / 64, 0);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t at = ids[i] - low;
+    seen[at >> 6] |= uint64_t(1) << (at & 63);
+  }
+  int64_t n = 0;
+  for (size_t w = 0; w < seen.size(); ++w) {
+    for (uint64_t bits = seen[w]; bits != 0; bits &= bits - 1) {
+      out[n++] = low + int64_t(w) * 64 + __builtin_ctzll(bits);
+    }
+  }
+  return n;
+}
 
 // The sorted union of the ranks' sorted unique ``ids`` (``counts[r]`` of rank r, back to
 // back) into ``out`` (room for all of them); returns its length, or -1 (see above).

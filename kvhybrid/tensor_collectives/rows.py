@@ -174,8 +174,11 @@ def _helper() -> Optional[ctypes.CDLL]:
         lib = load_helper("_rows", "KVHYBRID_CPP_HELPER",
                           "the master's unions, sums and hand-outs of rows are numpy's")
         if lib is not None:
-            for name in ("kvhybrid_union_ids", "kvhybrid_take_rows", *_SUMS.values()):
+            for name in ("kvhybrid_unique_ids", "kvhybrid_union_ids", "kvhybrid_take_rows",
+                         *_SUMS.values()):
                 getattr(lib, name).restype = ctypes.c_int64
+            lib.kvhybrid_unique_ids.argtypes = [ctypes.c_void_p, ctypes.c_int64,
+                                                ctypes.c_int64, ctypes.c_void_p]
             lib.kvhybrid_union_ids.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3
             for name in _SUMS.values():
                 getattr(lib, name).argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3 + \
@@ -189,6 +192,19 @@ def _helper() -> Optional[ctypes.CDLL]:
 
 def _int64s(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def unique_ids(ids: np.ndarray, rows: int) -> np.ndarray:
+    """``np.unique`` of a batch's row ids, each in [0, ``rows``): in the C++ helper a bitmap
+    of their span (a vocabulary's), else numpy's sort."""
+    lib = _helper()
+    if lib is not None and len(ids):
+        ids = _int64s(ids)
+        out = np.empty(len(ids), np.int64)
+        n = lib.kvhybrid_unique_ids(ids.ctypes.data, len(ids), rows, out.ctypes.data)
+        if n >= 0:
+            return out[:n]
+    return np.unique(ids)
 
 
 def union_ids(ids: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvhybrid.tensor_collectives import rows as rows_module
-from kvhybrid.tensor_collectives.rows import sum_rows, take_rows, union_ids
+from kvhybrid.tensor_collectives.rows import sum_rows, take_rows, union_ids, unique_ids
 
 
 def _ranks(ranks: int, seed: int, vocab: int = 30, each: int = 20):
@@ -85,6 +85,27 @@ def test_union_ids_is_numpys_unique(helper):
     assert union_ids(ids, counts).tolist() == np.unique(ids).tolist()
     assert union_ids(np.array([3, 1, 2, 3], np.int64), np.array([4])).tolist() == [1, 2, 3]
     assert union_ids(np.zeros(0, np.int64), np.zeros(2, np.int64)).tolist() == []
+
+
+@pytest.mark.parametrize("rows", [50_000, 10**12])   # a bitmap of the span, or a sort
+def test_unique_ids_is_numpys_unique(rows, helper):
+    rng = np.random.default_rng(rows % 97)
+    handed = np.minimum(rng.zipf(1.1, size=1600) - 1, rows - 1).astype(np.int64)
+    if rows > 10**6:
+        handed = handed * (rows // 60_000)   # (spread over the whole table)
+    assert unique_ids(handed, rows).tolist() == np.unique(handed).tolist()
+    assert unique_ids(np.array([0, rows - 1, 0], np.int64), rows).tolist() == [0, rows - 1]
+    assert unique_ids(np.zeros(0, np.int64), rows).tolist() == []
+
+
+def test_unique_ids_outside_the_table_are_left_to_numpy():
+    lib = rows_module._helper()
+    assert lib is not None, "rows.cc was not built: run scripts/setup.sh"
+    out = np.empty(2, np.int64)
+    for bad in ([3, -1], [3, 10]):
+        bad = np.array(bad, np.int64)
+        assert lib.kvhybrid_unique_ids(bad.ctypes.data, 2, 10, out.ctypes.data) == -1
+    assert unique_ids(np.array([12, 3, 12], np.int64), 10).tolist() == [3, 12]
 
 
 def test_take_rows_takes_each_ranks_rows_to_its_offset(helper):
