@@ -24,8 +24,9 @@ Every rank makes the same calls in the same order, so the schedule is the same
 everywhere without talking. ``KVHYBRID_ALLREDUCE`` forces one algorithm.
 
 A patient group (the engine path's) whose ranks share a host and meet in its host barrier
-makes a sum of at most ``meeting_sum.CAPACITY`` bytes in that meeting instead of an MPI
-call (``meeting_sum.py``; counted as ``meeting`` in ``calls``).
+makes a sum of up to 1 MB (``meeting_sum.capacity``) in that meeting instead (``meeting_sum.py``;
+counted as ``meeting`` in ``calls``): its waits sleep, where MPI's and the ``shm`` algorithm's
+barriers spin while the ranks they wait for may not be running.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .meeting_sum import CAPACITY, MeetingSum, sum_digest
+from .meeting_sum import MeetingSum, capacity, sum_digest
 from .ring import ring_allreduce, workspace_elements
 from .shared_memory import SharedMemoryAllreduce
 from . import windows
@@ -102,8 +103,10 @@ class Algorithms:
             return "mpi"
         if self.forced != "auto":
             return self.forced
+        if self.sums_in_meetings(nbytes):
+            return "meeting"
         if not self.measured(nbytes):
-            return "meeting" if self.sums_in_meetings(nbytes) else "mpi"
+            return "mpi"
         size_class = nbytes.bit_length()
         chosen = self.chosen.get(size_class)
         if chosen is not None:
@@ -113,10 +116,10 @@ class Algorithms:
         return candidates[done % len(candidates)]
 
     def sums_in_meetings(self, nbytes: int) -> bool:
-        """Whether a sum of ``nbytes`` that auto leaves to MPI is made in the host barrier's
-        meeting instead (``meeting_sum.py``): a patient group on one host, up to its
-        capacity."""
-        return self.patient and nbytes <= CAPACITY and self.group.meets_on_host
+        """Whether auto makes a sum of ``nbytes`` in the host barrier's meeting
+        (``meeting_sum.py``): a patient group on one host, up to the slots' capacity."""
+        return (self.patient and nbytes <= capacity(self.group.size)
+                and self.group.meets_on_host)
 
     def measured(self, nbytes: int) -> bool:
         """Whether auto times the candidates for sums of ``nbytes`` (else MPI's call sums
@@ -133,7 +136,7 @@ class Algorithms:
         name = self.select(view.nbytes)
         size_class = view.nbytes.bit_length()
         if self.forced != "auto" or self.group.size == 1 or size_class in self.chosen \
-                or not self.measured(view.nbytes):
+                or name == "meeting" or not self.measured(view.nbytes):
             self.run(name, view, meet)
             return name
         start = time.perf_counter()

@@ -49,8 +49,10 @@ def test_no_rank_leaves_the_barrier_before_the_last_arrives(tmp_path, ranks):
                   "rank 0 called row_sparse_pull key 'w'",
                   *[f"rank {r} called the test's sum on rank {r}" for r in range(1, ranks)]]:
         assert words in text, text
-    # small sums made in the meeting, exact on every rank, both sets of slots in turn
-    assert all(g["meeting_sums"] == [["meeting", True]] * 6 for g in got), got[0]["meeting_sums"]
+    # sums made in the meeting, exact on every rank, both sets of slots in turn, the large
+    # ones also sliced among the ranks
+    assert all(g["meeting_sums"] == [["meeting", True]] * 12 for g in got), got[0]["meeting_sums"]
+    assert all(g["sliced"] for g in got)
     summed = {g["sum_mixed"] for g in got}
     assert len(summed) == 1 and None not in summed, summed
     text = summed.pop()

@@ -89,7 +89,8 @@ for name in ALGORITHMS:
 # small sums of a patient group on one host: made in the host barrier's meeting
 algos.forced = "auto"
 results["meeting-used"] = []
-for n in (size * 3 + 1, 5003, 30001, 5003):   # (at most 240 KB: below SMALL_BYTES)
+# (the last two 100-800 KB: up to meeting_sum.capacity)
+for n in (size * 3 + 1, 5003, 30001, 5003, 100003, 50001):
     for dtype in ("float16", "float32", "float64"):
         v = data(n, dtype, rank)
         results["meeting-used"].append(algos.allreduce(v))

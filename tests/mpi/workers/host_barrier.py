@@ -22,6 +22,7 @@ import numpy as np
 from kvhybrid.errors import KeyValueError
 from kvhybrid.kvstore.agreement import PULL_CHECK, agree_in_meeting
 from kvhybrid.kvstore.row_exchange import PullCheck
+from kvhybrid.tensor_collectives import meeting_sum
 from kvhybrid.tensor_collectives.group import Group, GroupSettings
 from kvhybrid.tensor_collectives.ops import allreduce_patiently, broadcast_view
 
@@ -103,14 +104,29 @@ record["meeting_sums"] = record["sum_mixed"] = None
 if group.meets_on_host:
     group.algorithms.patient = True
     record["meeting_sums"] = []
+    # (the last three up to 800 KB, which went to MPI's call before the meeting took them)
     for step, (n, dtype) in enumerate([(1, "float32"), (5003, "float32"), (5003, "float64"),
-                                       (7, "int64"), (65535, "float32"), (5003, "float32")]):
+                                       (7, "int64"), (65535, "float32"), (5003, "float32"),
+                                       (200003, "float32"), (40001, "float64"),
+                                       (100003, "int32")]):
         def part(r):
             return (np.arange(n) % 13 + r + step).astype(dtype)
         v = part(rank)
         name = group.algorithms.allreduce(v)
         record["meeting_sums"].append([name, bool(np.array_equal(
             v, sum(part(r) for r in range(group.size))))])
+    # the large ones again, sliced among the ranks (as in a group of SLICED_RANKS or more)
+    meeting_sum.SLICED_RANKS = 2
+    for step, (n, dtype) in enumerate([(200003, "float32"), (40001, "float64"),
+                                       (100003, "int32")]):
+        v = (np.arange(n) % 11 + rank + step).astype(dtype)
+        name = group.algorithms.allreduce(v)
+        want = sum((np.arange(n) % 11 + r + step).astype(dtype) for r in range(group.size))
+        record["meeting_sums"].append([name, bool(np.array_equal(v, want))])
+    # (the sliced way leaves the sum in the slots' shared result: it ran)
+    sums = group.algorithms._meeting_sum
+    result = sums._slots[(sums._calls - 1) & 1, -1, :v.nbytes]
+    record["sliced"] = bool(np.array_equal(result.view(v.dtype), v))
     try:
         with group.watchdog.waiting(f"the test's sum on rank {rank}"):
             if rank == 0:
