@@ -39,7 +39,7 @@ from . import windows
 CAPACITY = 2**20
 
 #: the shared memory one group's slots may take (a container's /dev/shm may hold 64 MB)
-WINDOW_BYTES = 24 * 2**20
+WINDOW_BYTES = 16 * 2**20
 
 #: in a group of this many ranks or more, from this many bytes on, each rank adds its
 #: slice only, and a second meeting follows
