@@ -63,7 +63,8 @@ def test_allreduce_benchmark_measures_every_peer_and_algorithm(tmp_path):
     cols = set(results["2"]["times"]["0.5"])
     assert {"memory_copy", "memory_add", "ompi_default", "ompi_tuned", "horovod", "alg_mpi",
             "alg_ring", "alg_shm", "alg_hierarchical", "store"} <= cols, cols
-    assert results["2"]["selected"]["0.5"][0] in ("mpi", "ring", "shm")
+    # (on one host the store's engine path sums up to 1 MB in its host barrier's meeting)
+    assert results["2"]["selected"]["0.5"][0] == "meeting"
     assert "## Targets (same run)" in table and "GB/s" in table
 
 
