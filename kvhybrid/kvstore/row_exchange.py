@@ -29,7 +29,7 @@ from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
                                                     host_view, new_host_row_sparse,
-                                                    row_sparse_ids)
+                                                    reads_row_ids_in_place, row_sparse_ids)
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows, take_rows,
                                        union_ids, unique_ids)
@@ -266,7 +266,12 @@ def _take_rows(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group) ->
     if p.ids is None:   # (its gradient is written: the engine ran this after backward)
         p.ids = row_sparse_ids(p.arrays[0], wait=False)
         count_rows(p.slot, p.ids, 1)
-    ids = p.next_ids if p.next_ids is not None else unique_ids(p.handed, p.slot.shape[0])
+    if p.next_ids is not None:
+        ids = p.next_ids
+    elif reads_row_ids_in_place(out):   # (MXNet's pull sorted and deduplicated them)
+        ids = row_sparse_ids(out, wait=False)
+    else:
+        ids = unique_ids(p.handed, p.slot.shape[0])
     width = math.prod(p.slot.shape[1:])
     group.bytes_sent["servers"] += p.ids.nbytes + len(p.ids) * width * p.slot.dtype.itemsize
     prefetch.ids = ids

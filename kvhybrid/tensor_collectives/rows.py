@@ -228,15 +228,13 @@ def take_rows(have: np.ndarray, table: np.ndarray, wanted: np.ndarray, counts: n
     them) into the bytes ``out`` from rank r's byte offset ``offsets[r]`` on: one merge per
     rank in the C++ helper, else numpy's search and take."""
     lib = _helper()
-    if lib is not None and table.flags.c_contiguous and wanted.dtype == have.dtype == np.int64:
-        have, wanted, counts = _int64s(have), _int64s(wanted), _int64s(counts)
-        offsets = _int64s(offsets)
-        if lib.kvhybrid_take_rows(have.ctypes.data, len(have), table.ctypes.data,
-                                  table.itemsize * math.prod(table.shape[1:]), len(counts),
-                                  wanted.ctypes.data, counts.ctypes.data, out.ctypes.data,
-                                  offsets.ctypes.data) == 0:
-            return
     row_bytes = table.itemsize * math.prod(table.shape[1:])
+    if lib is not None and table.flags.c_contiguous:
+        have, wanted, counts, offsets = (_int64s(a) for a in (have, wanted, counts, offsets))
+        if lib.kvhybrid_take_rows(have.ctypes.data, len(have), table.ctypes.data, row_bytes,
+                                  len(counts), wanted.ctypes.data, counts.ctypes.data,
+                                  out.ctypes.data, offsets.ctypes.data) == 0:
+            return
     for at, mine in zip(offsets.tolist(), by_rank(wanted, counts)):
         into = out[at:at + len(mine) * row_bytes].view(table.dtype)
         np.take(table, np.searchsorted(have, mine), axis=0,
