@@ -228,7 +228,8 @@ class Algorithms:
                 ring_allreduce(part, cross, MPI, self._workspace(part, nodes),
                                wait_all=self._wait_all())
 
-            self._shared().allreduce(view, between=across_hosts if nodes > 1 else None)
+            self._shared().allreduce(view, between=across_hosts if nodes > 1 else None,
+                                     settle=self._settle_on_node())
         else:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {name!r}")
 
@@ -239,6 +240,15 @@ class Algorithms:
         from .ops import wait_all_patiently
         MPI = self.group.MPI
         return lambda requests: wait_all_patiently(requests, MPI)
+
+    def _settle_on_node(self) -> Optional[Callable[[], None]]:
+        """The host's barrier after the sums across hosts: patiently where ``patient`` asks
+        (a rank whose sum came first waits for the others' over the link)."""
+        if not self.patient:
+            return None
+        from .ops import wait_patiently
+        node = self.topology.node
+        return lambda: wait_patiently(node.Ibarrier())
 
     def _shared(self) -> SharedMemoryAllreduce:
         if self._shm is None:
