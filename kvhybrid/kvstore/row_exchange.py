@@ -116,7 +116,8 @@ class PushOfRows:
 
 def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                       servers: Optional[ServerLink], comm: EngineComm, hand_out_group: Group,
-                      call: Tuple[Optional[str], Optional[str]]) -> List[Prefetch]:
+                      call: Tuple[Optional[str], Optional[str]],
+                      agree_in: Optional[Group] = None) -> List[Prefetch]:
     """``push_to_servers`` of one or more keys, their agreement and the pull of the next
     step's rows in one meeting, all of it on the communication thread (``comm``) while every
     caller's thread goes on: every rank's rows and next ids of every key, and its call
@@ -128,7 +129,9 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     the servers wait for that thread's: ``ServerLink.defer``): one message to each rank
     carries the verdict and every key's rows. If the calls differ, nothing is pushed: the
     message carries the verdict only (and room for the rows), and every rank raises it at
-    its next call.
+    its next call. ``agree_in``: where ``group`` is a host's ranks (host masters), the whole
+    group, which agrees on the call first, in this job: a patient allreduce of the ranks'
+    digests that raises the same error on every rank before any gather.
 
     The rows are read where the gradient lies (``local_rows``): the job is an engine
     operation that reads the gradients, so the next backward pass cannot write them before
@@ -165,6 +168,8 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     done = servers.defer() if servers is not None and group.rank == 0 else None
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
+        if agree_in is not None:
+            agree(agree_in, "push", signature, error, f" of key(s) {keys}", patient=True)
         arrays = []
         for p, prefetch in zip(pushes, prefetches):
             arrays += [*_rows_of(p), p.next_ids]

@@ -138,7 +138,7 @@ def test_prefetched_pulls_meet_no_one_and_prefetching_pushes_meet_once(prefetch_
     # a sparse weight's pull through the master meets the group 3 times (agreement, ids,
     # rows); prefetched, the push carries the ids, the push's gather and the rows come on
     # the engine thread, and the check that every rank got its rows runs there too
-    ranks, ndev, host_masters, alone, out = prefetch_job
+    ranks, ndev, _, alone, out = prefetch_job
     for rank in range(ranks):
         got = json.load(open(out / f"weight-stats-rank{rank}.json"))["collectives"]
         plain = json.load(open(out / "plain" / f"weight-stats-rank{rank}.json"))["collectives"]
@@ -153,12 +153,12 @@ def test_prefetched_pulls_meet_no_one_and_prefetching_pushes_meet_once(prefetch_
         # each prefetched pull saves all 3 meetings; a plain push meets twice (its
         # agreement, then one gather of the rows), a prefetching one not at all (its gather
         # of the rows, the next ids and the call's agreement runs on the communication
-        # thread), but the first, which agrees first (it decides the route), saves only its
-        # gather; the final whole-table pull asks for rows the last prefetch did not, so it
-        # is served a plain pull on the communication thread (its 3 meetings saved too).
-        # With host masters every push still agrees first (a host's master sees only its
-        # host's calls) and saves its gather
-        saved_by_pushes = STEPS if host_masters else 2 * (STEPS - 1) + 1
+        # thread; with host masters, whose master sees only its host's calls, the group's
+        # agreement runs there first), but the first, which agrees first (it decides the
+        # route), saves only its gather; the final whole-table pull asks for rows the last
+        # prefetch did not, so it is served a plain pull on the communication thread (its 3
+        # meetings saved too)
+        saved_by_pushes = 2 * (STEPS - 1) + 1
         assert plain["group"] - got["group"] == 3 * pulls + saved_by_pushes + 3, (got, plain)
         # the rows came from the communication thread: its collectives did the work
         assert got["engine"] > plain["engine"], (got, plain)
@@ -203,16 +203,25 @@ def test_row_sparse_push_to_servers_before_set_optimizer_is_refused_on_every_ran
     assert "call set_optimizer first" in r.output
 
 
-def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_nothing(tmp_path):
+@pytest.mark.parametrize("shape", [(2, 1, 1, []), (4, 2, 3, ["--row-masters", "host"])],
+                         ids=["group-master", "host-masters"])
+def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_nothing(tmp_path,
+                                                                                    shape):
     """The push's agreement rides in the rows' gather (no meeting of its own): a wrong call
-    on one rank stops the push at the master, and every rank raises at its next call."""
-    r = run_launcher(["-n", 2, "--servers", 1], "prefetch_mismatch.py", [tmp_path], timeout=120)
+    on one rank stops the push at the master, and every rank raises at its next call. With
+    host masters (2 emulated hosts of 2 ranks) the wrong call is on the second host, which
+    its host's master alone would not see: the group's agreement on the communication
+    thread stops it on both hosts."""
+    ranks, servers, bad_rank, extra = shape
+    r = run_launcher(["-n", ranks, "--servers", servers, *extra], "prefetch_mismatch.py",
+                     [tmp_path, bad_rank], timeout=120,
+                     env={"KVHYBRID_EMULATE_NODE_SIZE": "2"} if extra else None)
     assert r.returncode == 0, r.output[-3000:]
-    for rank in range(2):
+    for rank in range(ranks):
         got = json.load(open(tmp_path / f"mismatch-rank{rank}.json"))
         assert got["push_returned"] and got["raised"] == "KeyValueError", got
-        assert got["message"].startswith("push failed on rank 1: key 'w' holds a sparse "
-                                         "weight"), got
+        assert got["message"].startswith(f"push failed on rank {bad_rank}: key 'w' holds a "
+                                         "sparse weight"), got
         assert got["requests_sent"] == 0, got
 
 
@@ -353,9 +362,10 @@ def host_tables_job(tmp_path_factory):
 
 def test_host_masters_push_both_tables_rows_in_one_gather_and_train_like_one_process(
         host_tables_job):
-    # a host's master sees only its host's calls, so the group agrees on the push first; then
-    # both tables' rows and next ids go to the host's master in one gather, on the
-    # communication thread (gluon.Trainer's push per table: an agreement and a gather each)
+    # a host's master sees only its host's calls, so the group agrees on the push first, on
+    # the communication thread (no meeting on the callers' threads); then both tables' rows
+    # and next ids go to the host's master in one gather there (gluon.Trainer's push per
+    # table: an agreement and a gather each)
     assert_matches_single_process(host_tables_job / "fused", "tables", 4, 1)
     for rank in range(4):
         got = np.load(host_tables_job / "fused" / f"tables-rank{rank}.npz")
@@ -363,7 +373,7 @@ def test_host_masters_push_both_tables_rows_in_one_gather_and_train_like_one_pro
         for name in want.files:
             assert np.array_equal(got[name], want[name]), f"rank {rank} {name}"
         steps = {}
-        for name, meetings in (("fused", 1), ("gluon", 2)):   # (the callers' agreements)
+        for name, meetings in (("fused", 0), ("gluon", 0)):   # (the callers' meetings)
             seen = json.load(open(host_tables_job / name / f"tables-stats-rank{rank}.json"))
             after = seen["meetings_after_step"]
             assert [b - a for a, b in zip(after, after[1:])] == [meetings] * (STEPS - 1), \

@@ -1,8 +1,9 @@
-"""A push that carries prefetched ids, where rank 1's call is wrong (a dense gradient for a
-sparse weight): its agreement travels in the rows' gather, so every rank must raise the
-same error at its next call, and nothing may reach the servers.
+"""A push that carries prefetched ids, where one rank's call is wrong (a dense gradient for
+a sparse weight): its agreement travels in the rows' gather (with host masters, in an
+agreement of the group on the communication thread), so every rank must raise the same
+error at its next call, and nothing may reach the servers.
 
-argv: OUT_DIR. Every rank writes OUT_DIR/mismatch-rank{r}.json.
+argv: OUT_DIR [BAD_RANK, default 1]. Every rank writes OUT_DIR/mismatch-rank{r}.json.
 """
 import json
 import os
@@ -14,13 +15,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 from sparse_models import SMALL_TABLE as shape, small_table_store  # noqa: E402
 
 out_dir = sys.argv[1]
+bad_rank = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 kv, grad = small_table_store()
 rank = kv.rank
 
 kv.push("w", grad())                          # the first push decides the route
 kv.prefetch_rows("w", mx.nd.array([0, 1, 2]))
 requests = kv.placement.servers.requests if kv.placement.servers is not None else 0   # the master's
-kv.push("w", mx.nd.ones(shape) if rank == 1 else grad())
+kv.push("w", mx.nd.ones(shape) if rank == bad_rank else grad())
 result = {"push_returned": True,
           "requests_sent": (kv.placement.servers.requests if kv.placement.servers is not None else 0) - requests}
 try:
