@@ -31,7 +31,7 @@ import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
 
-from ..tensor_collectives.native import load_helper
+from ..tensor_collectives.native import Helper
 from ..tensor_collectives.ndarray_view import host_view
 from ..tensor_collectives.operators import Operator
 from .keys import Key, KeySlot
@@ -43,23 +43,15 @@ NATIVE_UPDATE_BYTES = 2**20
 
 _KERNEL_NAMES = {np.dtype(np.float32): "kvhybrid_sgd_update_f32",
                  np.dtype(np.float64): "kvhybrid_sgd_update_f64"}
-_HELPER: List[Optional[ctypes.CDLL]] = []   # loaded once
+_HELPER = Helper("_sgd_update", "KVHYBRID_CPP_HELPER", "the store's SGD update is an MXNet operator",
+                 {**{name: (None, [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_double] * 5)
+                     for name in _KERNEL_NAMES.values()},
+                  "kvhybrid_copy_pieces": (None, [ctypes.c_void_p] * 3 + [ctypes.c_int64])},
+                 package="kvhybrid.kvstore")
 
 
 def _helper() -> Optional[ctypes.CDLL]:
-    if not _HELPER:
-        lib = load_helper("_sgd_update", "KVHYBRID_CPP_HELPER",
-                          "the store's SGD update is an MXNet operator",
-                          package="kvhybrid.kvstore")
-        if lib is not None:
-            for name in _KERNEL_NAMES.values():
-                getattr(lib, name).restype = None
-                getattr(lib, name).argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + \
-                    [ctypes.c_double] * 5
-            lib.kvhybrid_copy_pieces.restype = None
-            lib.kvhybrid_copy_pieces.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
-        _HELPER.append(lib)
-    return _HELPER[0]
+    return _HELPER.library()
 
 
 def native_kernel(dtype) -> Optional[Callable]:

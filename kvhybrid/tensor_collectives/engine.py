@@ -43,7 +43,7 @@ from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError, KVHybridError
-from .native import load_helper
+from .native import Helper
 
 log = logging.getLogger("kvhybrid")
 
@@ -81,24 +81,21 @@ class _Slot(ctypes.Structure):
 
 #: microseconds of one sleep on a slot: the wait loops in Python between them
 _SLOT_SLEEP_US = 200_000
-_START: list = []   # [(the C start function's address, wait, complete), or None], once
+
+_HELPER = Helper("_engine_start", "KVHYBRID_CPP_HELPER",
+                 "MXNet's engine starts the store's operations through Python",
+                 {"kvhybrid_engine_wait_started": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]),
+                  "kvhybrid_engine_complete": (None, [ctypes.c_void_p])})
 
 
 def _native_start():
     """The helper's start (as a function pointer for MXNet), wait and complete, or None
     where it was not built or is off (``KVHYBRID_CPP_HELPER=0``)."""
-    if not _START:
-        found = None
-        lib = load_helper("_engine_start", "KVHYBRID_CPP_HELPER",
-                          "MXNet's engine starts the store's operations through Python")
-        if lib is not None:
-            wait, complete = lib.kvhybrid_engine_wait_started, lib.kvhybrid_engine_complete
-            wait.restype, wait.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]
-            complete.restype, complete.argtypes = None, [ctypes.c_void_p]
-            start = ctypes.cast(lib.kvhybrid_engine_started, ctypes.c_void_p)
-            found = (start, wait, complete)
-        _START.append(found)
-    return _START[0]
+    lib = _HELPER.library()
+    if lib is None:
+        return None
+    return (ctypes.cast(lib.kvhybrid_engine_started, ctypes.c_void_p),
+            lib.kvhybrid_engine_wait_started, lib.kvhybrid_engine_complete)
 
 
 def thread_level_ok(MPI) -> bool:

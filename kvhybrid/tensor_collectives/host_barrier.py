@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from . import windows
-from .native import load_helper
+from .native import Helper
 
 log = logging.getLogger("kvhybrid")
 
@@ -44,28 +44,22 @@ _GENERATION, _ANNOUNCED = 1, 2
 #: 32-bit words before the rows of digests (``host_barrier.cc``)
 HEADER_WORDS = 4
 
-_LIBRARY: list = []   # [the helper's functions, or None], once looked for
+_HELPER = Helper("_host_barrier", "KVHYBRID_HOST_BARRIER", "patient collectives poll", {
+    "kvhybrid_host_barrier_arrive": (ctypes.c_uint32, [ctypes.c_void_p, ctypes.c_uint32,
+                                                       ctypes.c_uint32, ctypes.c_int64]),
+    "kvhybrid_host_barrier_sleep": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32,
+                                                   ctypes.c_int64, ctypes.c_int64]),
+    "kvhybrid_host_barrier_announce": (None, [ctypes.c_void_p])})
 
 
 def _functions():
     """``(arrive, sleep, announce)`` from the built helper, or None where it was not built
     or is off."""
-    if _LIBRARY:
-        return _LIBRARY[0]
-    found = None
-    lib = load_helper("_host_barrier", "KVHYBRID_HOST_BARRIER", "patient collectives poll")
-    if lib is not None:
-        arrive, sleep = lib.kvhybrid_host_barrier_arrive, lib.kvhybrid_host_barrier_sleep
-        announce = lib.kvhybrid_host_barrier_announce
-        arrive.restype = ctypes.c_uint32
-        arrive.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int64]
-        announce.restype, announce.argtypes = None, [ctypes.c_void_p]
-        sleep.restype = ctypes.c_int
-        sleep.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_int64,
-                          ctypes.c_int64]
-        found = (arrive, sleep, announce)
-    _LIBRARY.append(found)
-    return found
+    lib = _HELPER.library()
+    if lib is None:
+        return None
+    return (lib.kvhybrid_host_barrier_arrive, lib.kvhybrid_host_barrier_sleep,
+            lib.kvhybrid_host_barrier_announce)
 
 
 def window_bytes(parties: int) -> int:

@@ -1,12 +1,13 @@
 """Where kvhybrid's C++ helpers lie: shared libraries ``setup.py`` builds (optional: without
-a compiler or MXNet's headers they are not built), loaded with ctypes, each with a switch."""
+a compiler or MXNet's headers they are not built), loaded with ctypes, each with a switch.
+A module that uses one declares it as a ``Helper`` with its functions' signatures."""
 from __future__ import annotations
 
 import ctypes
 import importlib.util
 import logging
 import os
-from typing import Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 log = logging.getLogger("kvhybrid")
 
@@ -33,3 +34,33 @@ def load_helper(module: str, switch: str, without: str,
                     "this MXNet: pip install --no-build-isolation -e .", spec.origin, exc,
                     without)
         return None
+
+
+#: a C function's ctypes signature: (its return type, or None for void; its arguments' types)
+Signature = Tuple[Optional[type], Sequence[type]]
+
+
+class Helper:
+    """One C++ helper (``load_helper``'s arguments), looked for at first use and once per
+    process, its functions' signatures declared then (undeclared, ctypes would pass every
+    argument as a C int and read every result as one). A function the build lacks (built
+    before it was added) is left out: its user checks ``hasattr`` first."""
+
+    def __init__(self, module: str, switch: str, without: str,
+                 signatures: Dict[str, Signature], package: str = "kvhybrid.tensor_collectives"):
+        self.module, self.switch, self.without, self.package = module, switch, without, package
+        self.signatures = signatures
+        #: [the library, or None], once looked for (a test sets [None] to run without it)
+        self.loaded: List[Optional[ctypes.CDLL]] = []
+
+    def library(self) -> Optional[ctypes.CDLL]:
+        """The loaded library, or None where it is off, was not built or does not load."""
+        if not self.loaded:
+            lib = load_helper(self.module, self.switch, self.without, self.package)
+            if lib is not None:
+                for name, (result, arguments) in self.signatures.items():
+                    function = getattr(lib, name, None)   # (None: a build older than it)
+                    if function is not None:
+                        function.restype, function.argtypes = result, list(arguments)
+            self.loaded.append(lib)
+        return self.loaded[0]

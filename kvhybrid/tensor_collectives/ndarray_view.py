@@ -33,7 +33,7 @@ from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
 
-from .native import load_helper
+from .native import Helper
 
 log = logging.getLogger("kvhybrid")
 
@@ -180,16 +180,20 @@ class ViewCache:
 
 
 # -- the C++ helper (ndarray_aux.cc) -----------------------------------------------------------
-_LIBRARY: list = []   # [the helper's library, or None], once looked for
+_HELPER = Helper("_ndarray_aux", "KVHYBRID_CPP_HELPER", "row ids are read through MXNet's engine",
+                 {"kvhybrid_row_sparse_ids": (ctypes.c_int, [ctypes.c_void_p,
+                                                             ctypes.POINTER(ctypes.c_void_p),
+                                                             ctypes.POINTER(ctypes.c_int64)]),
+                  "kvhybrid_ids_equal": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p,
+                                                        ctypes.c_int64]),
+                  "kvhybrid_engine_copy": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p,
+                                                          ctypes.c_int])})
 _NATIVE: list = []    # [kvhybrid_row_sparse_ids, or None], once checked
 _PULL: list = []      # [(kvhybrid_ids_equal, kvhybrid_engine_copy), or None], once checked
 
 
 def _library() -> Optional[ctypes.CDLL]:
-    if not _LIBRARY:
-        _LIBRARY.append(load_helper("_ndarray_aux", "KVHYBRID_CPP_HELPER",
-                                    "row ids are read through MXNet's engine"))
-    return _LIBRARY[0]
+    return _HELPER.library()
 
 
 def _reads_wrong(what: str) -> None:
@@ -208,9 +212,6 @@ def _native_row_ids():
     lib = _library()
     if lib is not None:
         function = lib.kvhybrid_row_sparse_ids
-        function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
-                             ctypes.POINTER(ctypes.c_int64)]
         probe = mx.nd.sparse.row_sparse_array(
             (np.ones((3, 2), np.float32), np.array([2, 5, 11], np.int64)), shape=(16, 2))
         if not np.array_equal(_read_row_ids(function, probe), probe.indices.asnumpy()):
@@ -229,9 +230,6 @@ def _native_pull():
     lib, functions = _library(), None
     if lib is not None and hasattr(lib, "kvhybrid_engine_copy"):
         equal, copy = lib.kvhybrid_ids_equal, lib.kvhybrid_engine_copy
-        equal.restype, copy.restype = ctypes.c_int, ctypes.c_int
-        equal.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-        copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         functions = (equal, copy)
         ids = np.array([2, 5, 11], np.int64)
         answers = [_ids_equal(functions, mx.nd.array(values, dtype=dtype), ids)

@@ -20,7 +20,7 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from .group import Group
-from .native import load_helper
+from .native import Helper
 from .ndarray_view import host_row_sparse, host_view, is_host, row_sparse_ids
 from .ops import wait_all_patiently, wait_patiently
 
@@ -164,30 +164,19 @@ def scatter_bytes(packed: Optional[Tuple[np.ndarray, np.ndarray]], out: np.ndarr
     return out
 
 
-_HELPER: List[Optional[ctypes.CDLL]] = []   # rows.cc, loaded once
 _SUMS = {np.dtype(np.float32): "kvhybrid_sum_rows_f32",
          np.dtype(np.float64): "kvhybrid_sum_rows_f64"}
+_P, _N = ctypes.c_void_p, ctypes.c_int64   # (a pointer, a count)
+_HELPER = Helper("_rows", "KVHYBRID_CPP_HELPER",
+                 "the master's unions, sums and hand-outs of rows are numpy's", {
+                     "kvhybrid_unique_ids": (_N, [_P, _N, _N, _P]),
+                     "kvhybrid_union_ids": (_N, [_N, _P, _P, _P]),
+                     "kvhybrid_take_rows": (_N, [_P, _N, _P, _N, _N, _P, _P, _P, _P]),
+                     **{name: (_N, [_N, _P, _P, _P, _N, _P, _P]) for name in _SUMS.values()}})
 
 
 def _helper() -> Optional[ctypes.CDLL]:
-    if not _HELPER:
-        lib = load_helper("_rows", "KVHYBRID_CPP_HELPER",
-                          "the master's unions, sums and hand-outs of rows are numpy's")
-        if lib is not None:
-            for name in ("kvhybrid_unique_ids", "kvhybrid_union_ids", "kvhybrid_take_rows",
-                         *_SUMS.values()):
-                getattr(lib, name).restype = ctypes.c_int64
-            lib.kvhybrid_unique_ids.argtypes = [ctypes.c_void_p, ctypes.c_int64,
-                                                ctypes.c_int64, ctypes.c_void_p]
-            lib.kvhybrid_union_ids.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3
-            for name in _SUMS.values():
-                getattr(lib, name).argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3 + \
-                    [ctypes.c_int64] + [ctypes.c_void_p] * 2
-            lib.kvhybrid_take_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64,
-                                               ctypes.c_void_p, ctypes.c_int64,
-                                               ctypes.c_int64] + [ctypes.c_void_p] * 4
-        _HELPER.append(lib)
-    return _HELPER[0]
+    return _HELPER.library()
 
 
 def _int64s(a: np.ndarray) -> np.ndarray:

@@ -114,7 +114,7 @@ def test_the_cpp_update_is_left_to_operators_where_it_does_not_apply(monkeypatch
     assert FlatSGD(updater, keys, slots, grads, view).kernel is not None
     monkeypatch.setattr(flat_update, "NATIVE_UPDATE_BYTES", view.nbytes - 4)
     assert FlatSGD(updater, keys, slots, grads, view).kernel is None   # a large bucket
-    monkeypatch.setattr(flat_update, "_HELPER", [None])   # not built, or switched off
+    monkeypatch.setattr(flat_update._HELPER, "loaded", [None])   # not built, or switched off
     monkeypatch.setattr(flat_update, "NATIVE_UPDATE_BYTES", view.nbytes)
     assert FlatSGD(updater, keys, slots, grads, view).kernel is None
     assert flat_update.native_kernel(np.float16) is None

@@ -32,7 +32,7 @@ def _numpy_sum(ids, rows):
 def helper(request, monkeypatch):
     """Each test runs with the helper and with it switched off (KVHYBRID_CPP_HELPER=0)."""
     if request.param == "numpy":
-        monkeypatch.setattr(rows_module, "_HELPER", [None])
+        monkeypatch.setattr(rows_module._HELPER, "loaded", [None])
     else:   # scripts/setup.sh builds it
         assert rows_module._helper() is not None, "rows.cc was not built: run scripts/setup.sh"
     return request.param
