@@ -43,9 +43,10 @@ NATIVE_UPDATE_BYTES = 2**20
 
 _KERNEL_NAMES = {np.dtype(np.float32): "kvhybrid_sgd_update_f32",
                  np.dtype(np.float64): "kvhybrid_sgd_update_f64"}
-_HELPER = Helper("_sgd_update", "KVHYBRID_CPP_HELPER", "the store's SGD update is an MXNet operator",
-                 {**{name: (None, [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_double] * 5)
-                     for name in _KERNEL_NAMES.values()},
+_HELPER = Helper("_sgd_update", "KVHYBRID_CPP_HELPER",
+                 "the store's SGD update is an MXNet operator",
+                 {**{name: (None, [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+                            + [ctypes.c_double] * 5) for name in _KERNEL_NAMES.values()},
                   "kvhybrid_copy_pieces": (None, [ctypes.c_void_p] * 3 + [ctypes.c_int64])},
                  package="kvhybrid.kvstore")
 

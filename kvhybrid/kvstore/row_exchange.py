@@ -82,36 +82,6 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.
     servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
 
 
-#: what every ``Flag`` waits on
-_FLAGS_CHANGED = threading.Condition()
-
-
-class Flag:
-    """A one-shot ``threading.Event`` (``set``, ``is_set``, ``wait``) that costs no lock and
-    Condition of its own to make: every Flag waits on one module-wide Condition. A step
-    makes one per prefetch and per checked pull on the caller's thread, where an Event cost
-    a few microseconds each."""
-
-    __slots__ = ("_set",)
-
-    def __init__(self):
-        self._set = False
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        with _FLAGS_CHANGED:
-            self._set = True
-            _FLAGS_CHANGED.notify_all()
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        if self._set:
-            return True
-        with _FLAGS_CHANGED:
-            return _FLAGS_CHANGED.wait_for(self.is_set, timeout)
-
-
 class Prefetch:
     """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: filled
     by the communication thread, read by the caller's thread once ``ready`` is set."""
@@ -125,7 +95,7 @@ class Prefetch:
         #: the rows as a host row_sparse array, built by the communication thread: a pull
         #: of exactly ``ids`` copies it into its out, waiting for nothing
         self.array: Optional[NDArray] = None
-        self.ready = Flag()
+        self.ready = threading.Event()
         #: why the rows could not be handed over (set with ``ready``; the reader raises it)
         self.error: Optional[str] = None
 
@@ -387,7 +357,7 @@ class PullCheck:
         self.key, self.work, self.signature, self.error = key, work, signature, error
         self.covered = covered
         self.tag = digest(("row_sparse_pull", key))
-        self.done = Flag()   # the job completed (and served a plain pull if needed)
+        self.done = threading.Event()   # the job completed (and served a plain pull if needed)
         #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
         self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
 

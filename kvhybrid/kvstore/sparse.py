@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, Optional, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -48,7 +48,7 @@ from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.rows import local_ids
 from . import routing
 from . import row_exchange as rx
-from .calls import MEMO_LIMIT, Calls, keys_text
+from .calls import Calls, keys_text
 from .dense import DensePath
 from .keys import Key, KeySlot, check_pull_out, is_key, lookup, pairs, zeros
 from .modes import SyncMode
@@ -74,8 +74,6 @@ class SparsePath:
         self._unsettled: Deque[rx.PullCheck] = collections.deque()   # see settle_pulls
         #: per key, (out, slot, signature) of its last covered pull (``_pull_as_before``)
         self._last_pull: Dict[Key, Optional[tuple]] = {}
-        #: id(work) -> (work, whether each key's row ids are read in place): ``_in_place``
-        self._reads_in_place: Dict[int, tuple] = {}
         #: where the communication thread hands prefetched rows out: the engine's group, or
         #: with host masters a duplicate of this rank's host group (its own communicator:
         #: the caller's thread meets the host on the other at the same time)
@@ -171,9 +169,12 @@ class SparsePath:
         try:   # (no settling first: a check, or a pull it serves, runs on the same thread first)
             work, signature = signed()
             call = (None, str(signature))
-            pushes = [self._read_rows(k, self.slots[k], arrays, prefetching=True,
-                                      in_place=in_place)
-                      for (k, arrays, _), in_place in zip(work, self._in_place(work))]
+            # (whether each key's row ids are read in place: asked of MXNet once per call
+            # on these arrays, where it cost 10 us a table on an NMT step's caller's thread)
+            in_place = self.calls.checked("push in place", key, value, lambda: [
+                len(arrays) == 1 and reads_row_ids_in_place(arrays[0]) for _, arrays, _ in work])
+            pushes = [self._read_rows(k, self.slots[k], arrays, prefetching=True, in_place=i)
+                      for (k, arrays, _), i in zip(work, in_place)]
         except KeyValueError as exc:
             call = (str(exc), None)
             pushes = [rx.PushOfRows(k, self.slots[k], None, None, None) for k in keys]
@@ -207,21 +208,6 @@ class SparsePath:
         for p in pushes:
             self.mode.after_update(p.key, p.slot)
         return {p.key for p in pushes}
-
-    def _in_place(self, work) -> List[bool]:
-        """Per key of a checked push's ``work`` (the calls memo's: the same object for the
-        same arrays), whether its hand-out reads the gradient's row ids in place (one host
-        array): asked of MXNet once per ``work`` (an array's storage and device never
-        change), where it cost 10 us a table on an NMT step's caller's thread."""
-        known = self._reads_in_place.get(id(work))
-        if known is not None and known[0] is work:
-            return known[1]
-        if len(self._reads_in_place) >= MEMO_LIMIT:
-            self._reads_in_place.clear()
-        answers = [len(arrays) == 1 and reads_row_ids_in_place(arrays[0])
-                   for _, arrays, _ in work]
-        self._reads_in_place[id(work)] = (work, answers)   # (holding work: its id stays its)
-        return answers
 
     def _read_rows(self, key: Key, slot: KeySlot, arrays, prefetching: bool = False,
                    in_place: Optional[bool] = None) -> rx.PushOfRows:
@@ -573,7 +559,6 @@ class SparsePath:
         self._prefetch_ids.clear()
         self._prefetched.clear()
         self._last_pull.clear()
-        self._reads_in_place.clear()
 
 
 def _holds(row_ids: mx.nd.NDArray, ids: np.ndarray) -> bool:

@@ -20,8 +20,9 @@ size). A patient group (the engine path's) sums while MXNet computes on the same
 so what its waits burn is taken from compute: it settles on the candidate that cost its
 costliest rank the least CPU among those within ``TIE`` of the fastest (``pick``; two
 emulated hosts at 1 Gbit/s, the CNN's 4 MB bucket: MPI's call 36 ms, spinning on the link,
-against ``hierarchical``'s 37, and a step of 91 ms against 74 with the latter). Calls below ``SMALL_BYTES`` are bound by latency and go to the MPI library, on one
-host; across hosts only those below ``CROSS_HOST_BYTES`` do (a slow link makes a smaller sum
+against ``hierarchical``'s 37, and a step of 91 ms against 74 with the latter). Calls
+below ``SMALL_BYTES`` are bound by latency and go to the MPI library, on one host; across
+hosts only those below ``CROSS_HOST_BYTES`` do (a slow link makes a smaller sum
 bound by bandwidth: 64 KB take 5 ms at 100 Mbit/s, and ``ring`` and ``hierarchical`` send a
 half to three quarters of what MPI's recursive doubling sends over it).
 Every rank makes the same calls in the same order, so the schedule is the same
