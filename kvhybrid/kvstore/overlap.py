@@ -13,7 +13,7 @@ as PyTorch DDP's reducer does. Each step, per bucket:
    (``DistributedTrainer`` lays them out so, ``share_gradient_buffer``), or a lone key's
    own array, is summed where it lies, with no copy. Where the call gives outs
    (``update_on_kvstore``: the gradients must stay as they are) such a buffer is copied
-   whole, in one copy;
+   whole, in one copy, by the allreduce's own operation where it lies in host memory;
 2. one engine operation allreduces the buffer (``EngineComm``): it starts when the
    copies are done and runs on the communication thread while backward goes on;
 3. the optimizer's update (``update_on_kvstore``; MXNet's SGD as one operator over the
@@ -68,12 +68,17 @@ class EngineBucket:
     """Keys of one dtype whose sum is one engine-scheduled allreduce."""
 
     def __init__(self, items: List[_Item], buffer: NDArray, in_place: bool, name: str,
-                 source: Optional[NDArray] = None):
+                 source: Optional[NDArray] = None, copied_by_job: bool = False):
         self.items, self.buffer, self.in_place, self.name = items, buffer, in_place, name
         #: the shared gradient buffer the items lie in, in order, where the bucket must copy
         #: them (outs given: with update_on_kvstore): one copy instead of one per key
         self.source = source
-        self.copy_in = Operator("_copyto", [source], [buffer]) if source is not None else None
+        #: the source's memory where the allreduce's own operation copies it into the
+        #: buffer (``copied_by_job``: a host source no earlier bucket of the call writes):
+        #: no copy operator on the caller's thread, which cost an NMT step's 26 us there
+        self.source_view: Optional[np.ndarray] = None
+        self.copy_in = Operator("_copyto", [source], [buffer]) \
+            if source is not None and not copied_by_job else None
         self.dtype = items[0].slot.dtype
         self.count = sum(it.slot.count for it in items)
         self.weights: Optional[_Weights] = None   # with an optimizer: see _update
@@ -81,6 +86,9 @@ class EngineBucket:
         # runs the op, and a pointer taken before that may point to memory it then replaces
         buffer.wait_to_read()
         self.view = host_view(buffer, self.dtype, self.count)
+        if source is not None and self.copy_in is None:
+            source.wait_to_read()
+            self.source_view = host_view(source, self.dtype, self.count)
 
 
 class GradientBuffers:
@@ -137,6 +145,7 @@ def plan(work, slots: Dict[Key, KeySlot], bucket_bytes: int, shared: GradientBuf
         return [], work
     plan_: List[EngineBucket] = []
     seen = collections.Counter(a.handle.value for it in items for a in it.value)
+    outs_before: List[NDArray] = []   # the outs of the buckets so far (written before the next)
     for idx in bucket_indices([it.slot.count * it.slot.dtype.itemsize for it in items],
                               [it.slot.dtype for it in items], bucket_bytes):
         members = [items[i] for i in idx]
@@ -157,9 +166,28 @@ def plan(work, slots: Dict[Key, KeySlot], bucket_bytes: int, shared: GradientBuf
         for it in members:
             it.total = buffer[start:start + it.slot.count].reshape(it.slot.shape)
             start += it.slot.count
-        plan_.append(EngineBucket(members, buffer, in_place, name, source))
+        plan_.append(EngineBucket(members, buffer, in_place, name, source,
+                                  copied_by_job=source is not None
+                                  and _only_read(source, outs_before)))
+        outs_before += [o for it in members for o in (it.out or [])]
     done = {it.key for it in items}
     return plan_, [w for w in work if w[0] not in done]
+
+
+def _only_read(source: NDArray, outs_before: Sequence[NDArray]) -> bool:
+    """Whether a bucket's allreduce may copy its gradients (``source``) into its buffer
+    itself: a host array none of the call's earlier buckets writes into (as an out), so
+    that it reads what the gradients held at the call, as the copies pushed first did."""
+    if not is_host(source):
+        return False
+    source.wait_to_read()
+    mine = host_view(source)
+    for o in outs_before:
+        if o.stype == "default" and is_host(o):
+            o.wait_to_read()
+            if np.may_share_memory(host_view(o), mine):
+                return False
+    return True
 
 
 def _same_arrays(out: Sequence[NDArray], value: Sequence[NDArray]) -> bool:
@@ -274,6 +302,8 @@ def _gather(bucket: EngineBucket) -> None:
     if bucket.copy_in is not None:
         bucket.copy_in()   # (bucket.source.copyto(bucket.buffer))
         return
+    if bucket.source_view is not None:   # (copied by its allreduce's operation: _sum)
+        return
     for it in bucket.items:   # the sum over this worker's devices, into the bucket
         arrays = it.value
         if len(arrays) > 1:   # (in place, it.total is the first device's gradient itself)
@@ -284,7 +314,7 @@ def _gather(bucket: EngineBucket) -> None:
 
 def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
          agreement: Optional[Agreement] = None) -> None:
-    group, view = comm.group, bucket.view
+    group, view, source = comm.group, bucket.view, bucket.source_view
     agreeing = f"the ranks to agree on {agreement.what}, then " if agreement else ""
     weights = _weights(bucket, updater) if updater is not None else None
     # a small bucket's SGD is made by its allreduce, right after the sum (flat_update.py)
@@ -292,6 +322,8 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
         if weights is not None and weights.flat is not None and weights.flat.kernel else None
 
     def allreduce() -> None:   # on the communication thread: the only one using group.comm
+        if source is not None:   # (the gradients, which stay as backward wrote them)
+            np.copyto(view, source)
         with group.watchdog.waiting(lambda: f"{agreeing}the engine allreduce of {bucket.name} "
                                             f"({view.nbytes / 2**20:.2f} MB) on group "
                                             f"{group.name} of {group.size} ranks"):
@@ -305,7 +337,8 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
 
     mutated = [bucket.buffer] + \
         (weights.flat.buffers + (weights.written or []) if update is not None else [])
-    comm.submit(bucket.name, mutated, allreduce, priority)
+    comm.submit(bucket.name, mutated, allreduce, priority,
+                reads=[bucket.source] if source is not None else ())
     if weights is not None:
         _update(bucket, weights, updated=update is not None)
         return

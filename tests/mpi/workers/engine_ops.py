@@ -9,6 +9,9 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
   returns) and the error reaches the caller's thread, naming the operation;
 - lone_*: a one-key pushpull with no out, or its value as its out, is summed in the key's
   own array (in place); with another out the value stays, and an array named for two keys of one call is copied;
+- copies_* / apart_right / into_next_right: gradients in shared buffers with outs given are
+  copied by their bucket's allreduce (no copy operator) and stay; a bucket whose gradients
+  an earlier bucket's out lies in is copied first;
 - pushpull_early: a store pushpull after backward returns before the engine has run its
   buckets, and the weights it updates are right once the engine is done;
 - shared_key_right: two pushpull calls that share a key, alternating, with the store's
@@ -143,6 +146,35 @@ mx.nd.waitall()
 seen["lone_out_and_shared_right"] = bool(
     np.allclose(kept.asnumpy(), rank + 1) and np.allclose(dst.asnumpy(), total)
     and np.allclose(twice.asnumpy(), total))
+
+# gradients that lie in shared buffers, one per bucket, with outs given (update_on_kvstore):
+# each bucket's allreduce copies its buffer itself and the gradients stay as they are; where
+# an out of an earlier bucket of the call lies in a later bucket's gradients, that bucket's
+# gradients are copied first (a copy operator), so it sums what they held at the call
+for k in (310, 311, 312, 313):
+    kv.init(k, mx.nd.zeros(big))
+grad_buffers = [mx.nd.ones((big[0] * big[1],)) * (rank + 1) * (n + 1) for n in range(4)]
+grad_views = [b.reshape(big) for b in grad_buffers]
+for b, v in zip(grad_buffers, grad_views):
+    kv.share_gradient_buffer(b, [v])
+copies, push = [], Operator.__call__
+Operator.__call__ = lambda self, **kw: copies.append(self.name) or push(self, **kw)
+apart = [mx.nd.zeros(big), mx.nd.zeros(big)]
+kv.pushpull([310, 311], grad_views[:2], out=apart)
+mx.nd.waitall()
+seen["copies_apart"] = copies.count("_copyto")
+seen["apart_right"] = bool(
+    np.allclose(apart[0].asnumpy(), total) and np.allclose(apart[1].asnumpy(), 2 * total)
+    and np.allclose(grad_views[0].asnumpy(), rank + 1)
+    and np.allclose(grad_views[1].asnumpy(), 2 * (rank + 1)))
+copies.clear()
+into_next = [grad_views[3], mx.nd.zeros(big)]   # key 312's out is key 313's gradient
+kv.pushpull([312, 313], grad_views[2:], out=into_next)
+mx.nd.waitall()
+Operator.__call__ = push
+seen["copies_into_next"] = copies.count("_copyto")
+seen["into_next_right"] = bool(np.allclose(into_next[0].asnumpy(), 3 * total)
+                               and np.allclose(into_next[1].asnumpy(), 4 * total))
 
 # the store: pushpull of a slow backward returns before its buckets ran
 net = gluon.nn.Dense(400, in_units=400)
