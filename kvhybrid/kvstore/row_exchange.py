@@ -28,7 +28,7 @@ from ..errors import KeyValueError, explain
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
-                                                    host_view, new_host_row_sparse,
+                                                    host_view, ids_address, new_host_row_sparse,
                                                     reads_row_ids_in_place, row_sparse_ids)
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows, take_rows,
@@ -89,8 +89,9 @@ class Prefetch:
     def __init__(self, key: Key, ids: np.ndarray, handed: Optional[np.ndarray] = None):
         #: this rank's sorted unique ids (None until the hand-out worked them out)
         self.key, self.ids = key, ids
-        #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was
-        self.handed = handed
+        #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was,
+        #: and where they lie for the C++ helper (``ids_address``; set with ``ids``)
+        self.handed, self.handed_at = handed, None
         self.rows: Optional[np.ndarray] = None
         #: the rows as a host row_sparse array, built by the communication thread: a pull
         #: of exactly ``ids`` copies it into its out, waiting for nothing
@@ -179,6 +180,8 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
         for p, prefetch in zip(pushes, prefetches):
             arrays += [*_rows_of(p), p.next_ids]
             prefetch.ids = p.next_ids
+            if p.handed is not None:   # (a pull's compare reads them: SparsePath)
+                prefetch.handed_at = ids_address(p.handed)
         gathered = gather_patiently(
             arrays + [agreement], hand_out_group, root=0,
             name=f"the push of key(s) {keys} (their rows, the ranks' calls and the next "

@@ -42,7 +42,8 @@ from ..config import StoreConfig
 from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.engine import EngineComm
-from ..tensor_collectives.ndarray_view import ids_equal, is_host, reads_row_ids_in_place
+from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, ids_equal, is_host,
+                                                    reads_row_ids_in_place)
 from ..tensor_collectives.operators import copy
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.rows import local_ids
@@ -411,14 +412,21 @@ class SparsePath:
                 or prefetch.handed is None or not isinstance(row_ids, mx.nd.NDArray)):
             return False
         self._wait_for_prefetch(prefetch)   # (as the full path's first step)
-        if prefetch.array is None or not _holds(row_ids, prefetch.handed):
+        if prefetch.array is None:
+            return False
+        # the rows to the out (the engine copies them; nothing writes them again) if the
+        # ids are those handed: in one call of the C++ helper where it can
+        copied = copy_if_ids_equal(row_ids, prefetch.handed, prefetch.handed_at,
+                                   prefetch.array, out)
+        if copied is None and _holds(row_ids, prefetch.handed):
+            copy(prefetch.array, out)
+        elif not copied:
             return False
         slot, signature = last[1], last[2]
         self._forget_settled()
         check = rx.PullCheck(key, [(key, slot, [out], [prefetch.ids])], signature, None, True)
         check.start(self.engine, self.hand_out_group, self.servers)
         self._unsettled.append(check)
-        copy(prefetch.array, out)   # (the engine copies it; nothing writes it again)
         return True
 
     def pull_every_row(self, key, out) -> None:
@@ -509,13 +517,11 @@ class SparsePath:
                 and self.engine is not None):
             return
         arrays = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids]
-        parts = []
-        for ids in arrays:
-            if isinstance(ids, mx.nd.NDArray):
-                ids = ids.asnumpy()
-            parts.append(np.array(ids, dtype=np.int64).reshape(-1))   # (a copy: theirs)
+        parts = [np.array(ids.asnumpy() if isinstance(ids, mx.nd.NDArray) else ids,
+                          dtype=np.int64).reshape(-1) for ids in arrays]   # (a copy: theirs)
         for ids in parts:
-            if len(ids) and (ids.min() < 0 or ids.max() >= slot.shape[0]):
+            # one pass: a negative id read as unsigned is past any table's rows
+            if len(ids) and int(ids.view(np.uint64).max()) >= slot.shape[0]:
                 bad = ids.min() if ids.min() < 0 else ids.max()
                 raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, "
                                     f"outside the table's {slot.shape[0]} rows: pass ids in "

@@ -7,7 +7,7 @@
 //   caller then waits for and copies again: a round trip through the engine for a few
 //   thousand ids, on the caller's thread, every push of rows. The ids already lie in host
 //   memory; this returns where.
-// - A training loop's pull of prefetched rows, in two calls: whether the batch's ids are
+// - A training loop's pull of prefetched rows, in one call: whether the batch's ids are
 //   those handed over (read in place, not copied into numpy first), and the engine copy
 //   of the rows into the out that MXNet's own kvstore pushes (CopyFromTo), without the
 //   operator dispatch of `_copyto` (its name lookup, shape and storage inference).
@@ -85,6 +85,18 @@ int kvhybrid_engine_copy(const void* from, const void* to, int priority) {
   } catch (const std::exception&) {
     return 1;
   }
+}
+
+// A training loop's pull of prefetched rows in one call: if the dense host array `ids` holds
+// `expected` (as kvhybrid_ids_equal compares), queue the engine copy of `from` into `to`
+// (as kvhybrid_engine_copy). Returns 1 copied, 0 not equal (nothing queued), or where it
+// cannot tell or copy: the negative answers of kvhybrid_ids_equal, -4 MXNet refused the
+// copy (the caller compares and copies its own way).
+int kvhybrid_pull_prefetched(void* ids, const int64_t* expected, int64_t count,
+                             const void* from, const void* to, int priority) {
+  const int equal = kvhybrid_ids_equal(ids, expected, count);
+  if (equal != 1) return equal;
+  return kvhybrid_engine_copy(from, to, priority) == 0 ? 1 : -4;
 }
 
 }  // extern "C"

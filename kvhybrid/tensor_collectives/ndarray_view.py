@@ -187,9 +187,13 @@ _HELPER = Helper("_ndarray_aux", "KVHYBRID_CPP_HELPER", "row ids are read throug
                   "kvhybrid_ids_equal": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p,
                                                         ctypes.c_int64]),
                   "kvhybrid_engine_copy": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p,
-                                                          ctypes.c_int])})
+                                                          ctypes.c_int]),
+                  "kvhybrid_pull_prefetched": (ctypes.c_int, [
+                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                      ctypes.c_void_p, ctypes.c_int])})
 _NATIVE: list = []    # [kvhybrid_row_sparse_ids, or None], once checked
-_PULL: list = []      # [(kvhybrid_ids_equal, kvhybrid_engine_copy), or None], once checked
+_PULL: list = []      # [(kvhybrid_ids_equal, kvhybrid_engine_copy, kvhybrid_pull_prefetched
+#                        or None), or None], once checked
 
 
 def _library() -> Optional[ctypes.CDLL]:
@@ -222,15 +226,16 @@ def _native_row_ids():
 
 
 def _native_pull():
-    """The helper's ``kvhybrid_ids_equal`` and ``kvhybrid_engine_copy``, or None where it
-    was not built (or before they were in it), is turned off, or either answers otherwise
-    than numpy and ``_copyto`` on arrays made here."""
+    """The helper's ``kvhybrid_ids_equal``, ``kvhybrid_engine_copy`` and
+    ``kvhybrid_pull_prefetched`` (None in a helper built before it), or None where it was
+    not built (or before they were in it), is turned off, or any answers otherwise than
+    numpy and ``_copyto`` on arrays made here."""
     if _PULL:
         return _PULL[0]
     lib, functions = _library(), None
     if lib is not None and hasattr(lib, "kvhybrid_engine_copy"):
         equal, copy = lib.kvhybrid_ids_equal, lib.kvhybrid_engine_copy
-        functions = (equal, copy)
+        functions = (equal, copy, getattr(lib, "kvhybrid_pull_prefetched", None))
         ids = np.array([2, 5, 11], np.int64)
         answers = [_ids_equal(functions, mx.nd.array(values, dtype=dtype), ids)
                    for values, dtype in (([2, 5, 11], "float32"), ([2, 5, 11], "int64"),
@@ -240,6 +245,15 @@ def _native_pull():
         out = empty_row_sparse((16, 2), np.float32)
         copied = copy(rows.handle, out.handle, 0) == 0 and \
             np.array_equal(out.asnumpy(), rows.asnumpy())
+        both = functions[2]
+        if both is not None:   # not equal: nothing copied; equal: copied
+            again = empty_row_sparse((16, 2), np.float32)
+            other, same = mx.nd.array([2, 5, 12]), mx.nd.array([2, 5, 11])
+            copied = copied and both(other.handle, ids.ctypes.data, 3, rows.handle,
+                                     again.handle, 0) == 0 \
+                and again.asnumpy().sum() == 0 \
+                and both(same.handle, ids.ctypes.data, 3, rows.handle, again.handle, 0) == 1 \
+                and np.array_equal(again.asnumpy(), rows.asnumpy())
         if answers != [True, True, False, False] or not copied:
             _reads_wrong("compares or copies this MXNet's arrays")
             functions = None
@@ -260,6 +274,23 @@ def ids_equal(arr: NDArray, ids: np.ndarray) -> Optional[bool]:
 
 def _ids_equal(functions, arr: NDArray, ids: np.ndarray) -> Optional[bool]:
     answer = functions[0](arr.handle, ids.ctypes.data, len(ids))
+    return None if answer < 0 else bool(answer)
+
+
+def ids_address(ids: np.ndarray) -> Optional[int]:
+    """Where int64 ``ids`` lie, for ``copy_if_ids_equal`` (None: it cannot read them)."""
+    return ids.ctypes.data if ids.dtype == np.int64 and ids.flags.c_contiguous else None
+
+
+def copy_if_ids_equal(arr: NDArray, ids: np.ndarray, address: Optional[int], src: NDArray,
+                      dst: NDArray) -> Optional[bool]:
+    """``ids_equal(arr, ids)`` and, if equal, ``engine_copy(src, dst)``, in one call of the
+    helper (``address``: ``ids_address(ids)``): True copied, False not equal (nothing
+    done), None where the helper cannot tell or copy (compare and copy apart then)."""
+    functions = _native_pull()
+    if functions is None or functions[2] is None or address is None:
+        return None
+    answer = functions[2](arr.handle, address, len(ids), src.handle, dst.handle, 0)
     return None if answer < 0 else bool(answer)
 
 

@@ -14,6 +14,7 @@ from mxnet import autograd, gluon
 
 from tests.support.jobs import run_job, run_launcher
 from tests.mpi.workers.sparse_models import make_sparse_net, make_trainer, set_weights, sparse_batch, trained_weights
+from tests.mpi.workers.sparse_models import SMALL_TABLE
 
 STEPS, PER_DEVICE = 4, 5
 # (workers, devices per worker, client groups, servers): pure MPI, one group with a server,
@@ -211,7 +212,7 @@ def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_noth
     on one rank stops the push at the master, and every rank raises at its next call. With
     host masters (2 emulated hosts of 2 ranks) the wrong call is on the second host, which
     its host's master alone would not see: the group's agreement on the communication
-    thread stops it on both hosts."""
+    thread stops it on both hosts. Row ids outside the table raise at prefetch_rows."""
     ranks, servers, bad_rank, extra = shape
     r = run_launcher(["-n", ranks, "--servers", servers, *extra], "prefetch_mismatch.py",
                      [tmp_path, bad_rank], timeout=120,
@@ -223,6 +224,9 @@ def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_noth
         assert got["message"].startswith(f"push failed on rank {bad_rank}: key 'w' holds a "
                                          "sparse weight"), got
         assert got["requests_sent"] == 0, got
+        assert sorted(got["bad_ids"]) == sorted(["[0, -1, 2]", f"[0, {SMALL_TABLE[0]}, 2]"]), got
+        assert "got row id -1, outside the table's" in got["bad_ids"]["[0, -1, 2]"], got
+        assert f"got row id {SMALL_TABLE[0]}, outside" in got["bad_ids"][f"[0, {SMALL_TABLE[0]}, 2]"], got
 
 
 def test_a_prefetching_push_does_not_wait_for_a_late_master_and_pulls_updated_rows(tmp_path):

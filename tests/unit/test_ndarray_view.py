@@ -6,8 +6,8 @@ import numpy as np
 import mxnet as mx
 import pytest
 
-from kvhybrid.tensor_collectives.ndarray_view import (_native_pull, empty_row_sparse,
-                                                    engine_copy, host_array, host_row_sparse,
+from kvhybrid.tensor_collectives.ndarray_view import (_native_pull, copy_if_ids_equal,
+                                                    empty_row_sparse, engine_copy, ids_address, host_array, host_row_sparse,
                                                     host_view, ids_equal, is_host,
                                                     new_host_row_sparse,
                                                     reads_row_ids_in_place, row_sparse_ids,
@@ -133,6 +133,9 @@ def test_without_the_helper_row_ids_come_through_mxnet(monkeypatch):
     # ids compared in numpy instead, rows copied through the _copyto operator
     assert ids_equal(mx.nd.array([1, 4]), np.array([1, 4], np.int64)) is None
     assert not engine_copy(grad, mx.nd.sparse.zeros("row_sparse", (100, 4)))
+    handed = np.array([1, 4], np.int64)
+    assert copy_if_ids_equal(mx.nd.array([1, 4]), handed, ids_address(handed), grad,
+                             mx.nd.sparse.zeros("row_sparse", (100, 4))) is None
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "int8"])
@@ -168,6 +171,26 @@ def test_rows_are_copied_by_mxnets_copy_from_to():
     assert engine_copy(rows, dense) and np.array_equal(dense.asnumpy(), rows.asnumpy())
     # shapes that differ: MXNet refuses, the helper says so instead of raising through ctypes
     assert not engine_copy(rows, mx.nd.zeros((3, 2)))
+
+
+def test_a_prefetched_pull_compares_and_copies_in_one_call():
+    rows = mx.nd.sparse.row_sparse_array((np.arange(6, dtype=np.float32).reshape(3, 2),
+                                          np.array([1, 4, 9], np.int64)), shape=(12, 2))
+    handed = np.array([9, 1, 4], np.int64)
+    out = empty_row_sparse((12, 2), np.float32)
+    at = ids_address(handed)
+    # other ids: nothing copied; the handed ones (a float batch, being written): copied
+    assert copy_if_ids_equal(mx.nd.array([9, 1, 5]), handed, at, rows, out) is False
+    assert out.asnumpy().sum() == 0
+    assert copy_if_ids_equal(mx.nd.array([9, 1, 4]) * 1, handed, at, rows, out) is True
+    assert np.array_equal(out.asnumpy(), rows.asnumpy())
+    # where the helper cannot tell or copy: None, nothing done (the caller's own way then)
+    assert ids_address(handed.astype(np.int32)) is None
+    assert copy_if_ids_equal(mx.nd.array([9, 1, 4]), handed, None, rows, out) is None
+    assert copy_if_ids_equal(mx.nd.array([9, 1, 4], dtype="float16"), handed, at, rows,
+                             out) is None
+    assert copy_if_ids_equal(mx.nd.array([9, 1, 4]), handed, at, rows,
+                             mx.nd.zeros((3, 2))) is None
 
 
 def test_view_cache_looks_up_where_an_array_lies_once(monkeypatch):

@@ -1,7 +1,8 @@
 """A push that carries prefetched ids, where one rank's call is wrong (a dense gradient for
 a sparse weight): its agreement travels in the rows' gather (with host masters, in an
 agreement of the group on the communication thread), so every rank must raise the same
-error at its next call, and nothing may reach the servers.
+error at its next call, and nothing may reach the servers. Before it, row ids outside the
+table raise at prefetch_rows.
 
 argv: OUT_DIR [BAD_RANK, default 1]. Every rank writes OUT_DIR/mismatch-rank{r}.json.
 """
@@ -20,10 +21,16 @@ kv, grad = small_table_store()
 rank = kv.rank
 
 kv.push("w", grad())                          # the first push decides the route
+bad_ids = {}   # row ids outside the table raise at prefetch_rows, naming the id
+for ids in ([0, -1, 2], [0, shape[0], 2]):
+    try:
+        kv.prefetch_rows("w", mx.nd.array(ids))
+    except mx.base.MXNetError as exc:
+        bad_ids[str(ids)] = str(exc)
 kv.prefetch_rows("w", mx.nd.array([0, 1, 2]))
 requests = kv.placement.servers.requests if kv.placement.servers is not None else 0   # the master's
 kv.push("w", mx.nd.ones(shape) if rank == bad_rank else grad())
-result = {"push_returned": True,
+result = {"push_returned": True, "bad_ids": bad_ids,
           "requests_sent": (kv.placement.servers.requests if kv.placement.servers is not None else 0) - requests}
 try:
     out = mx.nd.sparse.zeros("row_sparse", shape)
