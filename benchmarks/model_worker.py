@@ -115,6 +115,7 @@ def main(argv=None) -> None:
             wire_start = interface_counters()
             cpu_start, machine_start = cpu.thread_seconds(), cpu.machine_seconds()
             meetings_start = kv.collectives() if hasattr(kv, "collectives") else {}
+            sent_start = dict(kv.group.bytes_sent) if hasattr(kv, "group") else {}
             if getattr(kv, "engine", None) is not None:
                 kv.engine.record = True
         if step >= args.warmup and model.sparse_keys:   # α of each table at this step
@@ -155,7 +156,9 @@ def main(argv=None) -> None:
     inputs, label = model.batch(np.random.RandomState(7), 256, args.tokens)
     final = float(loss_fn(net(*[mx.nd.array(x) for x in inputs]), mx.nd.array(label))
                   .mean().asscalar())
-    sent = dict(kv.group.bytes_sent) if hasattr(kv, "group") else {}
+    # (from the warm-up's end, as the times: not the tables' first broadcast)
+    sent = {k: v - sent_start.get(k, 0) for k, v in kv.group.bytes_sent.items()} \
+        if hasattr(kv, "group") else {}
     if rank == 0:
         step = float(np.median(times))
         words = workers * args.batch_size * model.words_per_sample(args.tokens)
@@ -163,6 +166,7 @@ def main(argv=None) -> None:
             json.dump({"model": args.model, "system": args.system, "workers": workers,
                        "step_seconds": step, "words_per_second": words / step,
                        "loss": final, "steps": args.steps, "bytes_sent": sent,
+                       "sent_steps": timed,
                        "dense_bytes": sum(p.data().size * 4 for name, p in
                                           net.collect_params().items() if "embedding" not in name),
                        "table_bytes": [v * model_zoo.DIM * 4 for v in model.vocabs],

@@ -159,8 +159,9 @@ def ratio_table(results: Dict[str, Dict[str, dict]], steps: int,
                 vs = (ratio_cell(setting.ratios(model, "kvhybrid", name)) if setting else
                       f"{ours['words_per_second'] / r['words_per_second']:.2f}×")
             sent = r.get("bytes_sent") or {}
-            mb = (f"{(sent.get('dense', 0) + sent.get('rows', 0)) / r['steps'] / 2**20:.3f}, "
-                  f"{sent.get('servers', 0) / r['steps'] / 2**20:.3f}" if sent else "")
+            per = r.get("sent_steps", r["steps"])   # (older results: counted from the start)
+            mb = (f"{(sent.get('dense', 0) + sent.get('rows', 0)) / per / 2**20:.3f}, "
+                  f"{sent.get('servers', 0) / per / 2**20:.3f}" if sent else "")
             caller = (r.get("cpu_ms_per_step") or {}).get("caller")
             machine = r.get("machine_cpu_ms_per_step")
             cpu_ = (f"{caller:.1f}, {machine:.0f}" if caller is not None and machine is not None
@@ -313,7 +314,7 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "throughput ratio of the same round's runs, median over the rounds (range). Loss: on "
         "one fixed batch after the run (synchronous systems take the same steps). MB: what "
         "kvhybrid handed to MPI collectives and pushed to the servers, per worker and step "
-        "(pulls not counted). CPU: what a worker's caller's thread used per step (mean over "
+        "after warm-up (pulls not counted). CPU: what a worker's caller's thread used per step (mean over "
         "the workers) and what every process of the machine used (servers and MXNet's own "
         "threads included): where there are more busy threads than cores, the step is bound "
         "by the machine's CPU ms ÷ its cores.", "",
