@@ -74,7 +74,8 @@ class EngineBucket:
         #: them (outs given: with update_on_kvstore): one copy instead of one per key
         self.source = source
         #: the source's memory where the allreduce's own operation copies it into the
-        #: buffer (``copied_by_job``: a host source no earlier bucket of the call writes):
+        #: buffer (``copied_by_job``: a host source no out of the call's buckets so far
+        #: lies in, ``_only_read``):
         #: no copy operator on the caller's thread, which cost an NMT step's 26 us there
         self.source_view: Optional[np.ndarray] = None
         self.copy_in = Operator("_copyto", [source], [buffer]) \
@@ -145,7 +146,7 @@ def plan(work, slots: Dict[Key, KeySlot], bucket_bytes: int, shared: GradientBuf
         return [], work
     plan_: List[EngineBucket] = []
     seen = collections.Counter(a.handle.value for it in items for a in it.value)
-    outs_before: List[NDArray] = []   # the outs of the buckets so far (written before the next)
+    outs_before: List[NDArray] = []   # the outs of the buckets so far, this one's included
     for idx in bucket_indices([it.slot.count * it.slot.dtype.itemsize for it in items],
                               [it.slot.dtype for it in items], bucket_bytes):
         members = [items[i] for i in idx]
@@ -166,18 +167,20 @@ def plan(work, slots: Dict[Key, KeySlot], bucket_bytes: int, shared: GradientBuf
         for it in members:
             it.total = buffer[start:start + it.slot.count].reshape(it.slot.shape)
             start += it.slot.count
+        outs_before += [o for it in members for o in (it.out or [])]
         plan_.append(EngineBucket(members, buffer, in_place, name, source,
                                   copied_by_job=source is not None
                                   and _only_read(source, outs_before)))
-        outs_before += [o for it in members for o in (it.out or [])]
     done = {it.key for it in items}
     return plan_, [w for w in work if w[0] not in done]
 
 
 def _only_read(source: NDArray, outs_before: Sequence[NDArray]) -> bool:
     """Whether a bucket's allreduce may copy its gradients (``source``) into its buffer
-    itself: a host array none of the call's earlier buckets writes into (as an out), so
-    that it reads what the gradients held at the call, as the copies pushed first did."""
+    itself: a host array that no out of the call's buckets so far lies in, its own
+    included: an earlier bucket would write it first (the copies pushed first read what
+    the gradients held at the call), and an operation may not both read an array and write
+    a view of it (MXNet's engine refuses the same variable twice)."""
     if not is_host(source):
         return False
     source.wait_to_read()

@@ -48,10 +48,11 @@ def test_a_lone_pushpull_sums_in_its_own_array_and_leaves_values_it_must_keep(se
 
 def test_gradients_in_shared_buffers_are_copied_by_their_allreduce(seen):
     # with outs given, a bucket's allreduce copies the buffer its gradients lie in (no copy
-    # operator) and the gradients stay; a bucket whose gradients an earlier bucket's out
-    # lies in is copied first, and sums what they held at the call
+    # operator) and the gradients stay; a bucket whose gradients an out of the call lies in
+    # (an earlier bucket's, or its own) is copied first, and sums what they held at the call
     assert all(s["copies_apart"] == 0 and s["apart_right"] for s in seen), seen
     assert all(s["copies_into_next"] == 1 and s["into_next_right"] for s in seen), seen
+    assert all(s["copies_into_own"] == 1 and s["into_own_right"] for s in seen), seen
 
 
 def test_pushpull_returns_while_backward_runs_and_updates_right(seen):

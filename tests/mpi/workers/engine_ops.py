@@ -11,7 +11,7 @@ engine path), each rank writing what it saw to OUT/rank<r>.json.
   own array (in place); with another out the value stays, and an array named for two keys of one call is copied;
 - copies_* / apart_right / into_next_right: gradients in shared buffers with outs given are
   copied by their bucket's allreduce (no copy operator) and stay; a bucket whose gradients
-  an earlier bucket's out lies in is copied first;
+  an out of the call lies in (an earlier bucket's, or its own) is copied first;
 - pushpull_early: a store pushpull after backward returns before the engine has run its
   buckets, and the weights it updates are right once the engine is done;
 - shared_key_right: two pushpull calls that share a key, alternating, with the store's
@@ -171,10 +171,22 @@ copies.clear()
 into_next = [grad_views[3], mx.nd.zeros(big)]   # key 312's out is key 313's gradient
 kv.pushpull([312, 313], grad_views[2:], out=into_next)
 mx.nd.waitall()
-Operator.__call__ = push
 seen["copies_into_next"] = copies.count("_copyto")
 seen["into_next_right"] = bool(np.allclose(into_next[0].asnumpy(), 3 * total)
                                and np.allclose(into_next[1].asnumpy(), 4 * total))
+copies.clear()   # one bucket of two small keys, whose first key's out is its second's gradient
+for k in (320, 321):
+    kv.init(k, mx.nd.zeros((4,)))
+pair = mx.nd.array([1, 1, 1, 1, 2, 2, 2, 2]) * (rank + 1)
+pair_views = [pair[:4], pair[4:]]
+kv.share_gradient_buffer(pair, pair_views)
+into_own = [pair_views[1], mx.nd.zeros((4,))]
+kv.pushpull([320, 321], pair_views, out=into_own)
+mx.nd.waitall()
+Operator.__call__ = push
+seen["copies_into_own"] = copies.count("_copyto")
+seen["into_own_right"] = bool(np.allclose(into_own[0].asnumpy(), total)
+                              and np.allclose(into_own[1].asnumpy(), 2 * total))
 
 # the store: pushpull of a slow backward returns before its buckets ran
 net = gluon.nn.Dense(400, in_units=400)
