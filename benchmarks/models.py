@@ -314,10 +314,10 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "throughput ratio of the same round's runs, median over the rounds (range). Loss: on "
         "one fixed batch after the run (synchronous systems take the same steps). MB: what "
         "kvhybrid handed to MPI collectives and pushed to the servers, per worker and step "
-        "after warm-up (pulls not counted). CPU: what a worker's caller's thread used per step (mean over "
-        "the workers) and what every process of the machine used (servers and MXNet's own "
-        "threads included): where there are more busy threads than cores, the step is bound "
-        "by the machine's CPU ms ÷ its cores.", "",
+        "after warm-up (pulls not counted). CPU: what a worker's caller's thread used per "
+        "step (mean over the workers) and what every process of the machine used (servers "
+        "and MXNet's own threads included): where there are more busy threads than cores, "
+        "the step is bound by the machine's CPU ms ÷ its cores.", "",
         bytes_table(results, setting.where), "",
         *footer("models", setting.command or None, setting.measured or None)]) + "\n"
     write_outputs(args.out, name, table, results, plot)

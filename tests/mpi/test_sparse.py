@@ -224,9 +224,11 @@ def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_noth
         assert got["message"].startswith(f"push failed on rank {bad_rank}: key 'w' holds a "
                                          "sparse weight"), got
         assert got["requests_sent"] == 0, got
-        assert sorted(got["bad_ids"]) == sorted(["[0, -1, 2]", f"[0, {SMALL_TABLE[0]}, 2]"]), got
+        assert sorted(got["bad_ids"]) == sorted(["[0, -1, 2]", f"[0, {SMALL_TABLE[0]}, 2]"]), \
+            got
         assert "got row id -1, outside the table's" in got["bad_ids"]["[0, -1, 2]"], got
-        assert f"got row id {SMALL_TABLE[0]}, outside" in got["bad_ids"][f"[0, {SMALL_TABLE[0]}, 2]"], got
+        past = f"[0, {SMALL_TABLE[0]}, 2]"
+        assert f"got row id {SMALL_TABLE[0]}, outside" in got["bad_ids"][past], got
 
 
 def test_a_prefetching_push_does_not_wait_for_a_late_master_and_pulls_updated_rows(tmp_path):

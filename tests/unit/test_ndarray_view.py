@@ -7,7 +7,8 @@ import mxnet as mx
 import pytest
 
 from kvhybrid.tensor_collectives.ndarray_view import (_native_pull, copy_if_ids_equal,
-                                                    empty_row_sparse, engine_copy, ids_address, host_array, host_row_sparse,
+                                                    empty_row_sparse, engine_copy, ids_address,
+                                                    host_array, host_row_sparse,
                                                     host_view, ids_equal, is_host,
                                                     new_host_row_sparse,
                                                     reads_row_ids_in_place, row_sparse_ids,
