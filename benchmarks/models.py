@@ -159,9 +159,10 @@ def ratio_table(results: Dict[str, Dict[str, dict]], steps: int,
                 vs = (ratio_cell(setting.ratios(model, "kvhybrid", name)) if setting else
                       f"{ours['words_per_second'] / r['words_per_second']:.2f}×")
             sent = r.get("bytes_sent") or {}
-            per = r.get("sent_steps", r["steps"])   # (older results: counted from the start)
+            # (older results counted from the start, over every step)
+            per = (r.get("sent_steps") or r.get("steps")) if sent else None
             mb = (f"{(sent.get('dense', 0) + sent.get('rows', 0)) / per / 2**20:.3f}, "
-                  f"{sent.get('servers', 0) / per / 2**20:.3f}" if sent else "")
+                  f"{sent.get('servers', 0) / per / 2**20:.3f}" if per else "")
             caller = (r.get("cpu_ms_per_step") or {}).get("caller")
             machine = r.get("machine_cpu_ms_per_step")
             cpu_ = (f"{caller:.1f}, {machine:.0f}" if caller is not None and machine is not None
