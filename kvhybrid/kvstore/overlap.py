@@ -68,18 +68,17 @@ class EngineBucket:
     """Keys of one dtype whose sum is one engine-scheduled allreduce."""
 
     def __init__(self, items: List[_Item], buffer: NDArray, in_place: bool, name: str,
-                 source: Optional[NDArray] = None, copied_by_job: bool = False):
+                 source: Optional[NDArray] = None, source_view: Optional[np.ndarray] = None):
         self.items, self.buffer, self.in_place, self.name = items, buffer, in_place, name
         #: the shared gradient buffer the items lie in, in order, where the bucket must copy
         #: them (outs given: with update_on_kvstore): one copy instead of one per key
         self.source = source
-        #: the source's memory where the allreduce's own operation copies it into the
-        #: buffer (``copied_by_job``: a host source no out of the call's buckets so far
-        #: lies in, ``_only_read``):
-        #: no copy operator on the caller's thread, which cost an NMT step's 26 us there
-        self.source_view: Optional[np.ndarray] = None
+        #: the source's memory, where the allreduce's own operation copies it into the
+        #: buffer (``_readable_source``): no copy operator on the caller's thread, which
+        #: cost an NMT step's 26 us there; else the copy operator
+        self.source_view = source_view
         self.copy_in = Operator("_copyto", [source], [buffer]) \
-            if source is not None and not copied_by_job else None
+            if source is not None and source_view is None else None
         self.dtype = items[0].slot.dtype
         self.count = sum(it.slot.count for it in items)
         self.weights: Optional[_Weights] = None   # with an optimizer: see _update
@@ -87,9 +86,6 @@ class EngineBucket:
         # runs the op, and a pointer taken before that may point to memory it then replaces
         buffer.wait_to_read()
         self.view = host_view(buffer, self.dtype, self.count)
-        if source is not None and self.copy_in is None:
-            source.wait_to_read()
-            self.source_view = host_view(source, self.dtype, self.count)
 
 
 class GradientBuffers:
@@ -169,28 +165,28 @@ def plan(work, slots: Dict[Key, KeySlot], bucket_bytes: int, shared: GradientBuf
             start += it.slot.count
         outs_before += [o for it in members for o in (it.out or [])]
         plan_.append(EngineBucket(members, buffer, in_place, name, source,
-                                  copied_by_job=source is not None
-                                  and _only_read(source, outs_before)))
+                                  _readable_source(source, outs_before)
+                                  if source is not None else None))
     done = {it.key for it in items}
     return plan_, [w for w in work if w[0] not in done]
 
 
-def _only_read(source: NDArray, outs_before: Sequence[NDArray]) -> bool:
-    """Whether a bucket's allreduce may copy its gradients (``source``) into its buffer
-    itself: a host array that no out of the call's buckets so far lies in, its own
-    included: an earlier bucket would write it first (the copies pushed first read what
-    the gradients held at the call), and an operation may not both read an array and write
-    a view of it (MXNet's engine refuses the same variable twice)."""
+def _readable_source(source: NDArray, outs_before: Sequence[NDArray]) -> Optional[np.ndarray]:
+    """A host view of a bucket's gradients (``source``) if its allreduce may copy them into
+    its buffer itself, else None: a host array that no out of the call's buckets so far
+    lies in, its own included: an earlier bucket would write it first (the copies pushed
+    first read what the gradients held at the call), and an operation may not both read an
+    array and write a view of it (MXNet's engine refuses the same variable twice)."""
     if not is_host(source):
-        return False
-    source.wait_to_read()
+        return None
+    source.wait_to_read()   # (MXNet may allocate an array when its first writer runs)
     mine = host_view(source)
     for o in outs_before:
         if o.stype == "default" and is_host(o):
             o.wait_to_read()
             if np.may_share_memory(host_view(o), mine):
-                return False
-    return True
+                return None
+    return mine
 
 
 def _same_arrays(out: Sequence[NDArray], value: Sequence[NDArray]) -> bool:

@@ -90,8 +90,9 @@ class Prefetch:
         #: this rank's sorted unique ids (None until the hand-out worked them out)
         self.key, self.ids = key, ids
         #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was,
-        #: and where they lie for the C++ helper (``ids_address``; set with ``ids``)
-        self.handed, self.handed_at = handed, None
+        #: and where they lie for the C++ helper's compare (``ids_address``)
+        self.handed = handed
+        self.handed_at = ids_address(handed) if handed is not None else None
         self.rows: Optional[np.ndarray] = None
         #: the rows as a host row_sparse array, built by the communication thread: a pull
         #: of exactly ``ids`` copies it into its out, waiting for nothing
@@ -180,8 +181,6 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
         for p, prefetch in zip(pushes, prefetches):
             arrays += [*_rows_of(p), p.next_ids]
             prefetch.ids = p.next_ids
-            if p.handed is not None:   # (a pull's compare reads them: SparsePath)
-                prefetch.handed_at = ids_address(p.handed)
         gathered = gather_patiently(
             arrays + [agreement], hand_out_group, root=0,
             name=f"the push of key(s) {keys} (their rows, the ranks' calls and the next "

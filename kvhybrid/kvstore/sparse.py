@@ -418,9 +418,11 @@ class SparsePath:
         # ids are those handed: in one call of the C++ helper where it can
         copied = copy_if_ids_equal(row_ids, prefetch.handed, prefetch.handed_at,
                                    prefetch.array, out)
-        if copied is None and _holds(row_ids, prefetch.handed):
-            copy(prefetch.array, out)
-        elif not copied:
+        if copied is None:   # (the helper could not: compare, then copy, apart)
+            copied = _holds(row_ids, prefetch.handed)
+            if copied:
+                copy(prefetch.array, out)
+        if not copied:
             return False
         slot, signature = last[1], last[2]
         self._forget_settled()
