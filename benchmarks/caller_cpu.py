@@ -230,7 +230,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["lm", "nmt"])
     p.add_argument("--systems", nargs="+", default=["kvhybrid", "dist_sync"],
-                   choices=["kvhybrid", "kvhybrid all-PS", "dist_sync"])
+                   choices=["kvhybrid", "kvhybrid all-PS", "kvhybrid unprefetched",
+                            "kvhybrid all-PS unprefetched", "dist_sync"])
     p.add_argument("--rounds", type=int, default=3, help="runs per system, order alternated")
     add_wrapped_worker_args(p, "caller_cpu", steps=400, warmup=10)
     args = p.parse_args(argv)

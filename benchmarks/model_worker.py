@@ -2,7 +2,9 @@
 under ``kvhybrid-launch``): trains a model of ``model_zoo`` for a fixed number of steps
 through one system and writes what it measured.
 
-Systems: ``hybrid`` (``hybrid-mpi`` with ``kvhybrid.DistributedTrainer``), ``dist_sync``
+Systems: ``hybrid`` (``hybrid-mpi`` with ``kvhybrid.DistributedTrainer``, handing it the
+next batch's row ids: ``kvhybrid.prefetch``), ``hybrid-unprefetched`` (the same without
+``kvhybrid.prefetch``: the sparse path a script gets that never calls it), ``dist_sync``
 (MXNet's own store and ``gluon.Trainer``), ``horovod`` (``horovod.mxnet``'s
 ``DistributedTrainer``, dense embeddings), ``local`` (no communication: each worker trains
 alone, the bound no system beats with the same processes on the same cores). Every worker
@@ -30,7 +32,7 @@ from .model_zoo import MODELS
 from . import cpu
 from .wire import interface_counters
 
-SYSTEMS = ("hybrid", "dist_sync", "horovod", "local")
+SYSTEMS = ("hybrid", "hybrid-unprefetched", "dist_sync", "horovod", "local")
 #: a step's parts as the caller's thread sees them
 PHASES = ("forward", "backward", "trainer.step", "waitall")
 
@@ -59,7 +61,7 @@ def make_trainer(system: str, net, lr: float, batch: int):
         # Horovod averages over workers itself
         return hvd.DistributedTrainer(net.collect_params(), "sgd", params), hvd.rank(), \
             hvd.size(), None
-    if system == "hybrid":
+    if system.startswith("hybrid"):
         import kvhybrid
         kv = mx.kv.create("hybrid-mpi")
         params["learning_rate"] = lr / kv.num_workers   # the store sums over workers

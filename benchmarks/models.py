@@ -64,12 +64,16 @@ SYSTEMS = {
     "kvhybrid all-AR": ("hybrid", "group", True),
     "kvhybrid all-PS": ("hybrid", "per-worker+servers", False),
     "kvhybrid blocking": ("hybrid", "group+servers", False),
+    "kvhybrid unprefetched": ("hybrid-unprefetched", "group+servers", False),
+    "kvhybrid all-PS unprefetched": ("hybrid-unprefetched", "per-worker+servers", False),
     "dist_sync": ("dist_sync", "per-worker+servers", False),
     "Horovod": ("horovod", "group", False),
     "compute only": ("local", "group", False),
 }
 #: systems that do not train the same model (no communication): left out of the loss check
 UNSYNCED = {"compute only"}
+#: systems run only when named (``--systems``): variants of the default path
+ON_REQUEST = set(SYSTEM_ENV) | {"kvhybrid unprefetched", "kvhybrid all-PS unprefetched"}
 
 
 def launcher_args(shape: str, workers: int, servers: int) -> List[str]:
@@ -280,7 +284,7 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int],
     args.hosts, args.rate = hosts, rate
     args.steps, args.warmup = steps or args.steps, warmup or args.warmup
     args.servers = args.servers_wanted or hosts or 1
-    systems = [n for n in (args.systems or [n for n in SYSTEMS if n not in SYSTEM_ENV])
+    systems = [n for n in (args.systems or [n for n in SYSTEMS if n not in ON_REQUEST])
                if (n != "kvhybrid group-master" or hosts) and (n != "compute only" or not hosts)]
     setting = Setting(where=setting_name(hosts, rate, args.workers, args.delay), hosts=hosts,
                       servers=args.servers, rate=rate if hosts else "", command=sys.argv[1:],
@@ -550,7 +554,9 @@ def main(argv=None) -> None:
                         "with --suite, else 1)")
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["lm", "nmt", "cnn"])
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
-                   help="default: all; kvhybrid group-master runs on emulated hosts only, compute "
+                   help="default: all but the variants run when named (kvhybrid blocking, "
+                        "kvhybrid unprefetched: no kvhybrid.prefetch, as a script that never "
+                        "calls it); kvhybrid group-master runs on emulated hosts only, compute "
                         "only on loopback only")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--servers", type=int, dest="servers_wanted",
