@@ -349,7 +349,9 @@ class PullCheck:
     evaluation batch) or its arguments were bad, the same job serves a plain pull there,
     on every rank's communication thread: the ranks agree on the call (a bad argument
     raises on every rank, nothing pushed), the master fetches the rows asked for and hands
-    them out (``rows``), and the rank that waits for them writes them. No caller's thread
+    them out, into arrays this rank made for them (``targets``, which the engine copies
+    into the outs once the job wrote them), or into ``rows`` for the caller's thread to
+    write (a key pulled into several outs). No caller's thread
     waits for another rank's pull: an NMT step's push waited for the check in most steps
     when the plain pull was served on the caller's threads, at their next meeting."""
 
@@ -362,6 +364,13 @@ class PullCheck:
         self.done = threading.Event()   # the job completed (and served a plain pull if needed)
         #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
         self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
+        #: per item of ``work``, where a pull this rank needs served has one out and some
+        #: ids per item: (a host row_sparse array of those ids, a view of its rows), which
+        #: the served pull fills (``copy_out``); else None
+        self.targets: Optional[List[Tuple[NDArray, np.ndarray]]] = None
+        if not covered and error is None \
+                and all(len(o) == 1 and len(i[0]) for _, _, o, i in work):
+            self.targets = [new_host_row_sparse(i[0], s.shape, s.dtype) for _, s, _, i in work]
 
     def start(self, comm: EngineComm, rows_group: Group, servers: Optional[ServerLink]) -> None:
         """Queue the check and, where some rank needs it, the plain pull on the
@@ -381,7 +390,12 @@ class PullCheck:
                     self._serve(group, rows_group, servers)
             self.done.set()
 
-        comm.enqueue(f"the check of the prefetched rows of key {self.key!r}", check)
+        name = f"the check of the prefetched rows of key {self.key!r}"
+        if self.targets is None:
+            comm.enqueue(name, check)
+            return
+        # an engine operation that writes the targets: copies out of them wait for it
+        comm.submit(name, [a for a, _ in self.targets], check, cleanup=self._zero_unserved)
 
     def _serve(self, group: Group, rows_group: Group, servers: Optional[ServerLink]) -> None:
         """The plain pull, on the communication thread: agreement (raises on every rank if a
@@ -389,9 +403,10 @@ class PullCheck:
         through the master; a covered rank asks for none."""
         agree(group, "row_sparse_pull", self.signature, self.error, f" of key {self.key!r}",
               patient=True)
-        for k, slot, _, ids in self.work:
+        for n, (k, slot, _, ids) in enumerate(self.work):
+            into = self.targets[n][1] if self.targets is not None else None
             self.rows.append(fetch_rows_from_servers(k, slot, [] if self.covered else ids,
-                                                     rows_group, servers))
+                                                     rows_group, servers, into=into))
 
     def needs_plain_pull(self, group: Group) -> bool:
         """Whether some rank of ``group`` needs the plain pull (its rows were not among the
@@ -413,6 +428,20 @@ class PullCheck:
         tags = brought & TAG
         return bool((brought & UNCOVERED).any() or (tags != tags[0]).any())
 
+    def copy_out(self) -> None:
+        """Engine copies of the targets into the outs: each waits for the served pull that
+        fills its target (``start``), the caller's thread for nothing. A pull whose calls
+        differed leaves zeros there, and every rank raises at its next store call."""
+        for (array, _), (_, _, outs, _) in zip(self.targets, self.work):
+            copy(array, outs[0])
+
+    def _zero_unserved(self) -> None:
+        """After the served pull's job, on the communication thread: targets it did not
+        fill (it failed) hold zeros, not whatever their memory held."""
+        if not self.done.is_set():
+            for _, rows in self.targets:
+                rows.fill(0)
+
     def write_rows(self) -> None:
         """A served pull's rows into its outs (on the caller's thread, once ``done``)."""
         for (_, slot, outs, ids), (mine, rows) in zip(self.work, self.rows):
@@ -433,6 +462,8 @@ def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.nda
 
 def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
     """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
+    if not len(prefetch.ids):   # (a push that asked for no rows: a plain Trainer's)
+        return not any(len(i) for i in ids)
     return all(_same_ids(i, prefetch.ids)   # (the usual case, and cheaper)
                or not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
 
@@ -458,7 +489,7 @@ def _unique_ids(row_ids: NDArray, rows: int, key: Key, known=None) -> np.ndarray
     ids = row_ids.asnumpy().astype(np.int64).reshape(-1)
     if known is not None and np.array_equal(ids, known[0]):   # checked when handed over
         return known[1]
-    ids = np.unique(ids)
+    ids = unique_ids(ids, rows)   # (in the C++ helper where it runs; numpy's sort else)
     if len(ids) and (ids[0] < 0 or ids[-1] >= rows):
         raise KeyValueError(f"row_ids of key {key!r} hold {ids[0] if ids[0] < 0 else ids[-1]}, "
                             f"outside the table's {rows} rows: pass ids in [0, {rows})")
@@ -496,11 +527,13 @@ def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -
 
 
 def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: List[np.ndarray], group: Group,
-                            servers: Optional[ServerLink]) -> Tuple[np.ndarray, np.ndarray]:
+                            servers: Optional[ServerLink],
+                            into: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """(this rank's sorted unique ids, their rows): the master pulls the union of the
     group's ids once and hands each rank its rows (``ids``: each out's, none for a rank
-    that only takes part)."""
-    mine = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+    that only takes part; ``into``: where this rank's rows go, else a new array)."""
+    mine = (ids[0] if len(ids) == 1 else np.unique(np.concatenate(ids))) if ids \
+        else np.zeros(0, np.int64)   # (one out's ids are sorted and unique already)
     gathered = gather_patiently([mine], group, root=0, name=f"the row ids of key {key!r}")
     parts = None
     if group.rank == 0:
@@ -511,8 +544,30 @@ def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: List[np.ndarray], grou
                  else np.zeros((0,) + slot.shape[1:], slot.dtype))
         parts = [table[np.searchsorted(union, w)] for w in wanted]
     rows = scatter_rows(parts, slot.shape[1:], slot.dtype, len(mine), group,
-                        name=f"key {key!r}")
+                        name=f"key {key!r}", out=into)
     return mine, rows
+
+
+#: row ids MXNet's pull takes as a user hands them: int64 as documented, float32 as Gluon
+#: hands a batch's ids to ``dist_sync`` (others go as the checked int64 ids)
+_IDS_AS_HANDED = (np.dtype(np.int64), np.dtype(np.float32))
+
+
+def pull_rows_alone(key: Key, out: NDArray, ids: np.ndarray, row_ids: Optional[NDArray],
+                    servers: ServerLink, group: Group) -> None:
+    """A plain pull of a client group of one rank (``SparsePath._pulls_alone``): the rows
+    ``ids`` (sorted unique, checked) into ``out`` through MXNet's engine, as ``dist_sync``
+    pulls them, with nothing waiting on any thread of ours; the group's watchdog times the
+    servers' answer. ``row_ids``: the call's array of those ids, if it had one, handed to
+    MXNet as it came (its engine sorts them, as for ``dist_sync``)."""
+    if not len(ids):   # (MXNet's pull rejects no ids: an out with no rows)
+        new_host_row_sparse(ids, out.shape, out.dtype)[0].copyto(out)
+        return
+    as_handed = row_ids is not None and np.dtype(row_ids.dtype) in _IDS_AS_HANDED
+    servers.pull_rows_in_engine(key, row_ids if as_handed else host_array(ids, np.int64), out)
+    done = group.watchdog.watch(lambda: f"the parameter servers' rows of key {key!r}",
+                                outward=True)
+    when_ready(f"rows of key {key!r}", [out], done)
 
 
 def write_rows(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray], mine: np.ndarray,

@@ -153,7 +153,24 @@ class SparsePath:
 
     def asks_prefetch(self, key: Key) -> bool:
         """Whether the next push of ``key`` carries the next step's row ids."""
-        return key in self._prefetch_ids
+        return key in self._prefetch_ids or self._hands_out_unasked(key)
+
+    def _hands_out_unasked(self, key: Key) -> bool:
+        """Whether a push of ``key`` that no ``prefetch_rows`` preceded still takes the
+        prefetching push's hand-out, asking for no rows: a table on the servers whose route
+        is known, with a communication thread. A plain ``gluon.Trainer`` step then pushes
+        as a prefetching one does (its caller's thread hands the rows over and goes on,
+        instead of meeting the group), and the next pull is served on the communication
+        thread (``_pull_prefetched``). Every rank answers the same: a table's route is
+        decided at its first push, on every rank."""
+        slot = self.slots.get(key) if is_key(key) else None
+        return (self.engine is not None and slot is not None and slot.sparse_weight
+                and slot.rows_on_servers and slot.route == "servers")
+
+    def _next_ids(self, key: Key) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """(next ids, ids as handed) a push of ``key`` carries: those ``prefetch_rows`` was
+        handed, else none (``_hands_out_unasked``)."""
+        return self._prefetch_ids.pop(key, None) or (np.zeros(0, np.int64), None)
 
     def push_with_prefetch(self, key, value, signed) -> bool:
         """The push of one or more sparse weights that carry the next step's row ids
@@ -189,8 +206,10 @@ class SparsePath:
         agrees on the communication thread first, in the same job (``rx.push_and_prefetch``'s
         ``agree_in``). On the caller's thread that agreement made a step of 2 emulated hosts
         x 2 workers wait 3.3-4.8 ms in ``trainer.step`` for the other host (LM, 1 Gbit/s)."""
-        if not is_key(key) or key not in self._prefetch_ids:
+        if not is_key(key):
             return False   # (a bad key takes the checked path, which names it)
+        if key not in self._prefetch_ids:
+            return self._hands_out_unasked(key)
         slot = self.slots.get(key)
         return slot is not None and slot.route is not None and slot.rows_on_servers
 
@@ -203,7 +222,7 @@ class SparsePath:
         prefetches), so every rank takes the same ones. Returns the keys pushed."""
         pushes = [self._read_rows(k, slot, arrays, prefetching=True) for k, slot, arrays in items
                   if slot.route == "servers" and slot.rows_on_servers
-                  and k in self._prefetch_ids]
+                  and self.asks_prefetch(k)]
         if pushes:
             self._push_and_prefetch(pushes, (None, "agreed"), agreed=True)
         for p in pushes:
@@ -233,7 +252,7 @@ class SparsePath:
         retired = []   # this step's rows: dropped on the communication thread (see below)
         for p in pushes:
             retired.append(self._prefetched.pop(p.key, None))
-            p.next_ids, p.handed = self._prefetch_ids.pop(p.key)
+            p.next_ids, p.handed = self._next_ids(p.key)
         across = not agreed and self.row_group is not self.group
         if not across and self._alone(pushes, call):
             prefetches = rx.push_and_prefetch_alone(pushes, self.servers, self.row_group)
@@ -281,7 +300,7 @@ class SparsePath:
             slot.rows_on_servers = True
             self.placement.note_rows(self.slots)
             self.calls.forget()   # checked pushpull calls of this key no longer hold
-        if slot.rows_on_servers and key in self._prefetch_ids:
+        if slot.rows_on_servers and self.asks_prefetch(key):   # (the route is known now)
             self._push_and_prefetch([push], (None, "agreed"), agreed=True)
         elif slot.rows_on_servers:
             rx.push_to_servers(key, slot, arrays, ids, self.row_group, self.servers)
@@ -391,10 +410,12 @@ class SparsePath:
                 work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids, known)))
             return work, signature
 
+        # (one key's one array of ids: what a pull through MXNet's engine hands it)
+        one = row_ids if isinstance(row_ids, mx.nd.NDArray) else None
         if is_key(key) and key in self._prefetched:
-            self._pull_prefetched(key, build)
+            self._pull_prefetched(key, build, one)
             return
-        self._plain_pull(key, build)
+        self._plain_pull(key, build, one)
 
     def _pull_as_before(self, key, prefetch: rx.Prefetch, out, row_ids) -> bool:
         """A training loop's pull, in a few calls: the ids ``prefetch_rows`` was handed, in
@@ -440,8 +461,9 @@ class SparsePath:
                 every_row = mx.nd.arange(self.slots[k].shape[0], dtype="int64")
                 self.row_sparse_pull(k, rows, [every_row] * len(rows))
 
-    def _plain_pull(self, key, build) -> None:
-        """The pull through the master: agreement, the ids' gather, the rows' scatter."""
+    def _plain_pull(self, key, build, row_ids: Optional[mx.nd.NDArray]) -> None:
+        """The pull through the master: agreement, the ids' gather, the rows' scatter.
+        ``row_ids``: the call's one array of ids, if it had one."""
         if not self.config.num_servers:  # every rank holds every row: nothing to agree on
             try:
                 work = build()[0]
@@ -449,20 +471,38 @@ class SparsePath:
                 raise KeyValueError(f"row_sparse_pull failed: {exc}") from None
         else:
             work = self.calls.check("row_sparse_pull", build, f" of key {key!r}")
+        self._pull_checked(work, row_ids)
+
+    def _pull_checked(self, work, row_ids: Optional[mx.nd.NDArray]) -> None:
+        """``_plain_pull``'s rows, its call checked (and agreed)."""
         for k, slot, outs, ids in work:
-            if slot.rows_on_servers:
+            if self._pulls_alone(k, slot, outs):
+                rx.pull_rows_alone(k, outs[0], ids[0], row_ids, self.servers, self.row_group)
+            elif slot.rows_on_servers:
                 rx.pull_rows_from_servers(k, slot, outs, ids, self.row_group, self.servers)
             else:
                 rx.pull_rows_local(slot, outs, ids)
 
-    def _pull_prefetched(self, key, build) -> None:
+    def _pulls_alone(self, key: Key, slot: KeySlot, outs) -> bool:
+        """Whether a plain pull of ``key`` goes to the servers through MXNet's engine, as
+        ``dist_sync``'s does (``rx.pull_rows_alone``): a row group of one rank (pure PS)
+        whose table is in one piece on dist_sync servers, one out, and a communication
+        thread (without one the store keeps off MXNet's engine)."""
+        return (slot.rows_on_servers and self.row_group.size == 1 and len(outs) == 1
+                and self.engine is not None and self.servers is not None
+                and self.servers.rows_alone(key))
+
+    def _pull_prefetched(self, key, build, row_ids: Optional[mx.nd.NDArray]) -> None:
         """A pull of a key whose next rows were fetched ahead (``prefetch_rows``). If this
         rank's rows are among them it takes them and goes on, meeting no one: the ranks'
         communication threads check that every rank had its rows (``PullCheck``). A rank
-        whose rows are not there (an evaluation batch) or whose arguments are bad waits
-        while that job serves it a plain pull, every rank's communication thread taking
-        part as soon as every rank has made its pull; a bad argument raises there, on every
-        rank (at its next call of the store), before anything is pushed."""
+        whose rows are not there (an evaluation batch, or a plain Trainer's step, whose
+        push asked for none: ``_hands_out_unasked``) has that job serve it a plain pull,
+        every rank's communication thread taking part as soon as every rank has made its
+        pull: into arrays of its own, which MXNet's engine then copies into the outs, so
+        the caller's thread goes on at once (it waits for the job where a key has several
+        outs). A rank whose arguments are bad raises here, and every other rank at its next
+        call of the store, before anything is pushed."""
         self._forget_settled()
         prefetch = self._prefetched[key]
         # the rows first: a push whose calls differed raises here, on every rank, before any
@@ -474,7 +514,10 @@ class SparsePath:
         except KeyValueError as exc:
             work, signature, error, covered = None, None, str(exc), False
         if not covered and self.engine.group.size == 1:   # no one to check with or to wait for
-            self._plain_pull(key, build)
+            if error is None:
+                self._pull_checked(work, row_ids)
+            else:
+                self._plain_pull(key, build, row_ids)   # (raises it as a plain pull does)
             return
         check = rx.PullCheck(key, work, signature, error, covered)
         check.start(self.engine, self.hand_out_group, self.servers)
@@ -484,6 +527,9 @@ class SparsePath:
                 rx.rows_from_prefetch(prefetch, outs, ids, slot)
             _, slot, outs, _ = work[0]   # (one key: a list of keys is never prefetched)
             self._last_pull[key] = (outs[0], slot, signature) if len(outs) == 1 else None
+            return
+        if check.targets is not None:   # (the served rows come through the engine)
+            check.copy_out()
             return
         self._wait_for_check(check)   # (raises the job's error: a bad argument somewhere)
         check.write_rows()

@@ -135,34 +135,33 @@ def test_prefetched_rows_train_bit_for_bit_like_plain_pulls(prefetch_job, kind):
             assert np.array_equal(got[name], plain[name]), f"rank {rank} {name} differs"
 
 
-def test_prefetched_pulls_meet_no_one_and_prefetching_pushes_meet_once(prefetch_job):
+def test_pulls_and_pushes_meet_no_one_after_the_first_push(prefetch_job):
     # a sparse weight's pull through the master meets the group 3 times (agreement, ids,
-    # rows); prefetched, the push carries the ids, the push's gather and the rows come on
-    # the engine thread, and the check that every rank got its rows runs there too
+    # rows) and a push twice (agreement, the rows' gather). Once its route is known (its
+    # first push, which agrees first), every push hands its rows to the communication
+    # thread, with the next ids where the script prefetched them, and every pull takes
+    # prefetched rows or is served there (the rows of a script that never prefetches, and
+    # the final whole-table pull): the rows meet no one on the caller's thread, prefetched
+    # or not. What meets there in a step is the dense keys' sum across client groups.
     ranks, ndev, _, alone, out = prefetch_job
     for rank in range(ranks):
-        got = json.load(open(out / f"weight-stats-rank{rank}.json"))["collectives"]
-        plain = json.load(open(out / "plain" / f"weight-stats-rank{rank}.json"))["collectives"]
-        pulls = (STEPS - 1) * ndev   # every step's pulls but the first step's (per device)
+        stats = {folder: json.load(open(folder / f"weight-stats-rank{rank}.json"))
+                 for folder in (out, out / "plain")}
+        per_step = {}
+        for folder, s in stats.items():
+            after = s["meetings_after_step"]
+            per_step[folder] = [b - a for a, b in zip(after, after[1:])]
+        got, plain = (stats[f]["collectives"] for f in (out, out / "plain"))
+        assert per_step[out] == per_step[out / "plain"], (per_step, got, plain)
+        assert len(set(per_step[out])) == 1, per_step
+        assert got["group"] == plain["group"], (got, plain)
         if alone:   # a group of one rank: its rows go through MXNet's engine, as dist_sync's,
-            # and no collective of its own runs at all (on a group of one, a plain pull's
-            # agreement is its own verdict: the gather of its ids and the scatter of its
-            # rows are what a prefetched one saves)
+            # and no collective of its own runs at all
             assert got["engine"] == 0 and plain["engine"] == 0, (got, plain)
-            assert plain["group"] - got["group"] >= 2 * pulls, (got, plain)
             continue
-        # each prefetched pull saves all 3 meetings; a plain push meets twice (its
-        # agreement, then one gather of the rows), a prefetching one not at all (its gather
-        # of the rows, the next ids and the call's agreement runs on the communication
-        # thread; with host masters, whose master sees only its host's calls, the group's
-        # agreement runs there first), but the first, which agrees first (it decides the
-        # route), saves only its gather; the final whole-table pull asks for rows the last
-        # prefetch did not, so it is served a plain pull on the communication thread (its 3
-        # meetings saved too)
-        saved_by_pushes = 2 * (STEPS - 1) + 1
-        assert plain["group"] - got["group"] == 3 * pulls + saved_by_pushes + 3, (got, plain)
         # the rows came from the communication thread: its collectives did the work
-        assert got["engine"] > plain["engine"], (got, plain)
+        assert got["engine"] >= 2 * (STEPS - 1) and plain["engine"] >= 2 * (STEPS - 1), \
+            (got, plain)
 
 
 @pytest.mark.parametrize("shape", [(2, 1, 0), (4, 2, 1)], ids=["pure-mpi", "2clients-1server"])

@@ -368,6 +368,15 @@ class ServerLink:
                 self._kv.row_sparse_pull(kid, out=out, row_ids=next_ids)
                 self._requests += 1
 
+    def pull_rows_in_engine(self, key: Key, ids: NDArray, out: NDArray) -> None:
+        """Ask for the rows ``ids`` of ``key``'s one piece into the row_sparse array ``out``
+        through MXNet's engine, as ``dist_sync``'s ``row_sparse_pull`` does: the rows come
+        after this process's pushes of the key (the engine orders them), and whoever reads
+        ``out`` waits for them there. Nothing waits here."""
+        with self.kv_lock:
+            self._kv.row_sparse_pull(piece_key(self._ids[key], 0), out=out, row_ids=ids)
+            self._requests += 1
+
     def rows_wire(self, key: Key, shape, dtype) -> NDArray:
         """A host row_sparse array of the table ``key``'s ``shape`` and ``dtype`` that only
         ``push_rows_in_engine``'s callers use (MXNet overwrites what it pushes)."""

@@ -25,9 +25,9 @@ full_path = []   # the pulls that went through the full checks
 _full = kv.sparse._pull_prefetched
 
 
-def counted(key, build):
+def counted(key, *args):
     full_path.append(key)
-    return _full(key, build)
+    return _full(key, *args)
 
 
 kv.sparse._pull_prefetched = counted
