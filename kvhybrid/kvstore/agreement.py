@@ -24,12 +24,13 @@ _MASK = (1 << 62) - 1
 #: ``meet_bringing``), by kind: 0 for a plain meeting; a call's digest with ``_MEETING`` set
 #: for its agreement (``agree_in_meeting``); a negative number for a check of prefetched
 #: rows (``row_exchange.PullCheck``): ``PULL_CHECK``, ``UNCOVERED`` where this rank needs
-#: the plain pull, and the key's tag (``TAG`` bits); a sum made in a meeting of its own
+#: the plain pull, ``PULL_ERROR`` where its call failed its checks, and the call's tag
+#: (``TAG`` bits); a sum made in a meeting of its own
 #: brings ``tensor_collectives.meeting_sum.SUM_MEETING`` (bit 61) with its dtype and size. A
 #: rank that finds another kind beside its own is in another collective: the ranks' calls
 #: differ.
 _MEETING = 1 << 62
-PULL_CHECK, UNCOVERED, TAG = -(1 << 63), 1 << 62, _MASK
+PULL_CHECK, UNCOVERED, PULL_ERROR, TAG = -(1 << 63), 1 << 62, 1 << 61, (1 << 61) - 1
 
 
 def digest(signature) -> int:

@@ -35,7 +35,7 @@ from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently
                                        union_ids, unique_ids)
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.operators import copy
-from .agreement import PULL_CHECK, TAG, UNCOVERED, agree, digest
+from .agreement import PULL_CHECK, PULL_ERROR, TAG, UNCOVERED, agree, digest
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
 
@@ -360,7 +360,11 @@ class PullCheck:
         #: the pull's checked work (None after a local error, whose text is ``error``)
         self.key, self.work, self.signature, self.error = key, work, signature, error
         self.covered = covered
-        self.tag = digest(("row_sparse_pull", key))
+        #: the call's tag: ranks that bring the same one made the same call (its signature
+        #: names the key, the outs' shape and dtype), so a served pull needs no agreement
+        self.tag = digest(("row_sparse_pull", key, signature)) & TAG
+        #: whether the check found every rank's call the same and none failed (``_serve``)
+        self.agreed = False
         self.done = threading.Event()   # the job completed (and served a plain pull if needed)
         #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
         self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
@@ -368,7 +372,7 @@ class PullCheck:
         #: ids per item: (a host row_sparse array of those ids, a view of its rows), which
         #: the served pull fills (``copy_out``); else None
         self.targets: Optional[List[Tuple[NDArray, np.ndarray]]] = None
-        if not covered and error is None \
+        if not covered and error is None and work is not None \
                 and all(len(o) == 1 and len(i[0]) for _, _, o, i in work):
             self.targets = [new_host_row_sparse(i[0], s.shape, s.dtype) for _, s, _, i in work]
 
@@ -398,11 +402,13 @@ class PullCheck:
         comm.submit(name, [a for a, _ in self.targets], check, cleanup=self._zero_unserved)
 
     def _serve(self, group: Group, rows_group: Group, servers: Optional[ServerLink]) -> None:
-        """The plain pull, on the communication thread: agreement (raises on every rank if a
-        rank's arguments were bad or the ranks pulled different keys), then each key's rows
-        through the master; a covered rank asks for none."""
-        agree(group, "row_sparse_pull", self.signature, self.error, f" of key {self.key!r}",
-              patient=True)
+        """The plain pull, on the communication thread: agreement unless the check found the
+        calls the same (raises on every rank if a rank's arguments were bad or the ranks'
+        calls differ), then each key's rows through the master; a covered rank asks for
+        none."""
+        if not self.agreed:
+            agree(group, "row_sparse_pull", self.signature, self.error,
+                  f" of key {self.key!r}", patient=True)
         for n, (k, slot, _, ids) in enumerate(self.work):
             into = self.targets[n][1] if self.targets is not None else None
             self.rows.append(fetch_rows_from_servers(k, slot, [] if self.covered else ids,
@@ -410,23 +416,29 @@ class PullCheck:
 
     def needs_plain_pull(self, group: Group) -> bool:
         """Whether some rank of ``group`` needs the plain pull (its rows were not among the
-        prefetched ones) or the ranks pulled different keys: the same answer on every rank.
-        Where the ranks share a host each brings its verdict to the host barrier's meeting
-        (``Group.meet_bringing``) and no collective follows; elsewhere a small allreduce
-        decides (``benchmarks.waits``: "in the barrier" against "host barrier")."""
+        prefetched ones, or its call failed its checks) or the ranks' calls differ: the same
+        answer on every rank, which also learns whether the calls were the same and none
+        failed (``agreed``). Where the ranks share a host each brings its verdict to the
+        host barrier's meeting (``Group.meet_bringing``) and no collective follows;
+        elsewhere a small allreduce decides (``benchmarks.waits``: "in the barrier" against
+        "host barrier")."""
         what = lambda: f"the ranks to check their prefetched rows of key {self.key!r}"  # noqa: E731
+        failed = self.error is not None
         with group.watchdog.waiting(what):
             brought = group.meet_bringing(PULL_CHECK | (0 if self.covered else UNCOVERED)
-                                          | self.tag)
+                                          | (PULL_ERROR if failed else 0) | self.tag)
         if brought is None:
-            flags = np.array([0 if self.covered else 1, self.tag, -self.tag], dtype=np.int64)
+            flags = np.array([0 if self.covered else 1, self.tag, -self.tag, int(failed)],
+                             dtype=np.int64)
             allreduce_patiently(flags, "max", group, what)
-            return bool(flags[0] or flags[1] != -flags[2])
+            self.agreed = flags[1] == -flags[2] and not flags[3]
+            return bool(flags[0] or not self.agreed)
         if (brought >= 0).any():   # a rank met for another collective: the calls differ
             group.raise_calls_differ("row_sparse_pull", self.error, self.signature,
                                      f" of key {self.key!r}")
         tags = brought & TAG
-        return bool((brought & UNCOVERED).any() or (tags != tags[0]).any())
+        self.agreed = bool((tags == tags[0]).all() and not (brought & PULL_ERROR).any())
+        return bool((brought & UNCOVERED).any() or not self.agreed)
 
     def copy_out(self) -> None:
         """Engine copies of the targets into the outs: each waits for the served pull that

@@ -544,11 +544,15 @@ class SparsePath:
             self._unsettled.popleft()
 
     def _wait_for_check(self, check: rx.PullCheck) -> None:
+        """Until the check's job is done. It may serve a plain pull, whose master waits for
+        the servers: an outward wait here, so that the job's own waits, which name the
+        servers or the rank late to the check, run out first."""
         if check.done.is_set():   # (the usual case: made while the step went on)
             return
         with self.group.watchdog.waiting(
-                lambda: f"the ranks to check their prefetched rows of key {check.key!r}",
-                collective=False):
+                lambda: f"the communication thread's check of the prefetched rows of key "
+                        f"{check.key!r} (and the plain pull it serves)",
+                collective=False, outward=True):
             while not check.done.wait(0.05):
                 self.engine.check()   # its thread failed: the check will not be made
 
