@@ -47,7 +47,6 @@ from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, ids_equal, is_
 from ..tensor_collectives.operators import copy
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.rows import local_ids
-from ..tensor_collectives.watchdog import DEFERRED_FACTOR
 from . import routing
 from . import row_exchange as rx
 from .calls import Calls, keys_text
@@ -548,21 +547,11 @@ class SparsePath:
         """Until the check's job is done (it may serve a plain pull)."""
         if check.done.is_set():   # (the usual case: made while the step went on)
             return
-        with self._waiting_for_job(
+        with self.group.watchdog.waiting_behind(
                 lambda: f"the communication thread's check of the prefetched rows of key "
                         f"{check.key!r} (and the plain pull it serves)"):
             while not check.done.wait(0.05):
                 self.engine.check()   # its thread failed: the check will not be made
-
-    def _waiting_for_job(self, what):
-        """The caller's wait for a job of the communication thread, which may wait for the
-        servers (a master's rows) or for a rank that waits for them (its limit deferred):
-        a backstop whose limit is past every limit of the job's own waits, so that those,
-        which name the servers or the late rank, run out first (else this one did, naming
-        only the job, when a server stalled)."""
-        dog = self.group.watchdog
-        return dog.waiting(what, collective=False, outward=True,
-                           timeout=dog.timeout * DEFERRED_FACTOR)
 
     def _forget_settled(self) -> None:
         """Drop the checks made already (a loop of prefetched pulls that never meets)."""
@@ -594,7 +583,8 @@ class SparsePath:
         if prefetch.ready.is_set() and prefetch.error is None:   # (the usual case)
             self.engine.check()
             return
-        with self._waiting_for_job(lambda: f"the prefetched rows of key {prefetch.key!r}"):
+        with self.group.watchdog.waiting_behind(
+                lambda: f"the prefetched rows of key {prefetch.key!r}"):
             while not prefetch.ready.wait(0.05):
                 self.engine.check()   # its thread failed: the rows will not come
         self.engine.check()

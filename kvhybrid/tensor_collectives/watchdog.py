@@ -177,6 +177,16 @@ class Watchdog:
             if outward:
                 _post_outward(0)
 
+    def waiting_behind(self, what: Description, hint: Optional[str] = None):
+        """``waiting`` for work another thread of this process does, whose own waits are
+        timed (by this watchdog or its group's: the communication thread's collectives, a
+        master's wait for the servers, a rank's deferred wait behind it). A backstop: its
+        limit, ``DEFERRED_FACTOR`` x the timeout and outward, is past each of theirs, so
+        that they, which name the servers or the late rank, run out first; a limit of
+        their own length raced them and could name only the other thread's job."""
+        return self.waiting(what, collective=False, outward=True,
+                            timeout=self.timeout * DEFERRED_FACTOR, hint=hint)
+
     def watch(self, what: Description, outward: bool = False) -> Callable[[], None]:
         """Time a wait that MXNet's engine does for this rank, with no thread of ours
         blocked in it (a pull of the parameter servers' answers, which the next forward

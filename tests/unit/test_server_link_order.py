@@ -19,6 +19,9 @@ class Dog:
         self.seen.append((self.name, what if isinstance(what, str) else what()))
         yield
 
+    def waiting_behind(self, what, **kwargs):   # (a wait for another thread's work)
+        return self.waiting(what, **kwargs)
+
 
 def bare_link(seen) -> ServerLink:
     link = ServerLink.__new__(ServerLink)   # (no ps-lite connection: the fence's state only)

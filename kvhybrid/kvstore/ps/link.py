@@ -87,6 +87,11 @@ def scheduler_address() -> str:
     return f"{os.environ.get('DMLC_PS_ROOT_URI', '?')}:{os.environ.get('DMLC_PS_ROOT_PORT', '?')}"
 
 
+#: what to do when a wait on the servers runs out
+_SERVERS_HINT = ("a parameter server or a worker of another client group is stuck or unreachable "
+                 "(the launcher's summary and that group's output name which); if this wait is "
+                 "legitimately longer, raise KVHYBRID_TIMEOUT")
+
 _LINK: Optional["ServerLink"] = None
 
 
@@ -202,8 +207,8 @@ class ServerLink:
         """Wait for the deferred work (see ``_in_order``)."""
         if not self._deferred or getattr(self._thread, "watchdog", None) is not None:
             return
-        with self._waiting("the communication thread to hand this group's rows to the "
-                           "parameter servers"):
+        with self._watchdog.waiting_behind("the communication thread to hand this group's "
+                                           "rows to the parameter servers", hint=_SERVERS_HINT):
             with self._deferred_done:
                 while self._deferred:
                     self._deferred_done.wait(0.05)
@@ -213,10 +218,7 @@ class ServerLink:
         an outward wait (a longer limit): when a worker of another group is stuck, that
         group's own ranks, who wait on it directly, report it by name first."""
         return (getattr(self._thread, "watchdog", None) or self._watchdog).waiting(
-            what, collective=False, outward=True,
-            hint="a parameter server or a worker of another client group is stuck or "
-                 "unreachable (the launcher's summary and that group's output name which); if "
-                 "this wait is legitimately longer, raise KVHYBRID_TIMEOUT")
+            what, collective=False, outward=True, hint=_SERVERS_HINT)
 
     @property
     def ps_rank(self) -> int:
