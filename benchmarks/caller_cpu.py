@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 from .common import footer, resolve, save_figure, write_outputs
 from .models import add_wrapped_worker_args, run_wrapped_workers
@@ -82,13 +82,16 @@ STEP = "trainer.step"
 
 
 class Tally:
-    """Thread CPU and calls per label, on the main thread, outermost calls only."""
+    """Thread CPU and calls per label, outermost calls only, on the threads ``counts``
+    accepts (default: the main thread, the caller's)."""
 
-    def __init__(self, warmup: int = 0):
+    def __init__(self, warmup: int = 0,
+                 counts: Optional[Callable[[threading.Thread], bool]] = None):
         self.cpu_ns: Dict[str, int] = collections.Counter()
         self.calls: Dict[str, int] = collections.Counter()
         self._inside: Dict[str, int] = collections.Counter()
-        self._main = threading.main_thread()
+        main = threading.main_thread()
+        self._counts = counts or (lambda thread: thread is main)
         self.start_ns = time.thread_time_ns()
         self.warmup, self.steps = warmup, 0
 
@@ -105,7 +108,7 @@ class Tally:
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
-            if threading.current_thread() is not self._main or self._inside[label]:
+            if not self._counts(threading.current_thread()) or self._inside[label]:
                 return original(*args, **kwargs)
             self._inside[label] += 1
             begin = time.thread_time_ns()
@@ -142,13 +145,39 @@ def worker(argv: List[str]) -> None:
 
 
 def run_system(args, model: str, name: str, tmp: str) -> Dict:
-    readings = list(run_wrapped_workers("caller_cpu", args, model, name, tmp).glob("cpu-*.json"))
+    return combine(worker_readings("caller_cpu", "cpu", args, model, name, tmp),
+                   statistics.mean)
+
+
+def worker_readings(bench: str, prefix: str, args, model: str, name: str,
+                    tmp: str) -> List[Dict]:
+    """Train ``model`` on system ``name`` with ``bench``'s workers; each worker's reading
+    (``<prefix>-<pid>.json``)."""
+    readings = list(run_wrapped_workers(bench, args, model, name, tmp).glob(f"{prefix}-*.json"))
     if len(readings) != args.workers:
-        raise SystemExit(f"caller_cpu: {model} on {name} left {len(readings)} readings for "
+        raise SystemExit(f"{bench}: {model} on {name} left {len(readings)} readings for "
                          f"{args.workers} workers: a worker ended before it wrote its reading "
                          "(its output is above)")
-    return _combine([json.loads(p.read_text()) for p in readings],
-                    statistics.mean)
+    return [json.loads(p.read_text()) for p in readings]
+
+
+def measure(args, bench: str, run: Callable[[str, str], Dict],
+            summary: Callable[[Dict], str]) -> Dict[str, Dict[str, List[Dict]]]:
+    """``run(model, system)`` for every model and system of ``args``, ``args.rounds`` times
+    with the systems' order alternated: {model: {system: [each round's reading]}};
+    ``summary(reading)`` says its µs a step on the thread the benchmark reads."""
+    results: Dict[str, Dict[str, List[Dict]]] = {}
+    thread = "caller's" if bench == "caller_cpu" else "communication"
+    for model in args.models:
+        results[model] = {s: [] for s in args.systems}
+        for r in range(args.rounds):
+            for system in args.systems if r % 2 == 0 else args.systems[::-1]:
+                log.info("%s: %s, round %d of %d: %s", bench, model, r + 1, args.rounds, system)
+                got = run(model, system)
+                log.info("%s: %s on %s: %s µs a step on the %s thread", bench, model, system,
+                         summary(got), thread)
+                results[model][system].append(got)
+    return results
 
 
 def table(results: Dict[str, Dict[str, List[Dict]]], systems: List[str]) -> str:
@@ -171,7 +200,7 @@ def table(results: Dict[str, Dict[str, List[Dict]]], systems: List[str]) -> str:
     return "\n".join(lines)
 
 
-def _combine(runs: List[Dict], how) -> Dict:
+def combine(runs: List[Dict], how) -> Dict:
     """Workers' or rounds' readings as one (``how``: mean or median of each figure)."""
     labels = {k for r in runs for k in r["us_per_step"]}
     return {"total": how(r["total"] for r in runs),
@@ -180,7 +209,7 @@ def _combine(runs: List[Dict], how) -> Dict:
 
 
 def _median(runs: List[Dict]) -> Dict:
-    return _combine(runs, statistics.median)
+    return combine(runs, statistics.median)
 
 
 def segments(med: Dict, system: str) -> Dict[str, float]:
@@ -236,18 +265,9 @@ def main(argv=None) -> None:
     add_wrapped_worker_args(p, "caller_cpu", steps=400, warmup=10)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    results: Dict[str, Dict[str, List[Dict]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models:
-            results[model] = {s: [] for s in args.systems}
-            for r in range(args.rounds):
-                order = args.systems if r % 2 == 0 else args.systems[::-1]
-                for system in order:
-                    log.info("caller_cpu: %s, round %d of %d: %s", model, r + 1, args.rounds, system)
-                    got = run_system(args, model, system, tmp)
-                    log.info("caller_cpu: %s on %s: %.0f µs a step on the caller's thread",
-                             model, system, got["total"])
-                    results[model][system].append(got)
+        results = measure(args, "caller_cpu", lambda model, system: run_system(
+            args, model, system, tmp), lambda got: f"{got['total']:.0f}")
     text = (f"# The caller's thread's CPU per step: {args.workers} workers on loopback, "
             f"{args.servers} server(s), {args.tokens} words per sample, {args.rounds} round(s)\n\n"
             "Thread CPU of each call on a worker's caller's thread, inclusive of what it calls "

@@ -13,6 +13,7 @@ routed anywhere else. Everything is deleted on exit, on an exception, and on SIG
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import logging
 import contextlib
@@ -118,6 +119,15 @@ def setting_name(hosts: int, rate: str, workers: int, delay: Optional[str] = Non
     per_host = workers // hosts
     return (f"{hosts} emulated hosts" + (f" × {per_host} workers" if per_host > 1 else "")
             + f" at {rate}" + (f", {delay} latency" if delay else ""))
+
+
+def add_host_args(p: argparse.ArgumentParser) -> None:
+    """``--hosts``, ``--rate`` and ``--delay``: the emulated hosts a benchmark runs on."""
+    p.add_argument("--hosts", type=int, default=0,
+                   help="emulate this many hosts (network namespaces, root only) joined by "
+                        "links of --rate; 0: everything on loopback")
+    p.add_argument("--rate", default="1gbit", help="emulated link bandwidth (tc tbf rate)")
+    p.add_argument("--delay", help="emulated link latency each way (tc netem delay), e.g. 100us")
 
 
 def why_no_hosts() -> Optional[str]:

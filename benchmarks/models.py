@@ -45,7 +45,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from .cluster import launcher_args_on_hosts, setting_name, why_no_hosts
+from .cluster import add_host_args, launcher_args_on_hosts, setting_name, why_no_hosts
 from .common import DIAGNOSTICS_OUT, footer, grouped_bars, provenance, ratio_cell, \
     round_ratios, run_job, save_figure, write_outputs
 from .model_zoo import MODELS
@@ -103,12 +103,14 @@ def add_wrapped_worker_args(p: argparse.ArgumentParser, name: str, steps: int,
 def run_wrapped_workers(benchmark: str, args, model: str, name: str, tmp: str) -> Path:
     """Train ``model`` on system ``name`` (``SYSTEMS``) with every worker started as
     ``python -m benchmarks.<benchmark> --worker`` (a benchmark that wraps calls around
-    ``benchmarks.model_worker``: ``args`` has what ``add_wrapped_worker_args`` adds);
-    returns the folder the workers wrote their readings to."""
+    ``benchmarks.model_worker``: ``args`` has what ``add_wrapped_worker_args`` adds, and
+    ``launcher_args`` where it runs on emulated hosts); returns the folder the workers
+    wrote their readings to."""
     system, shape, _ = SYSTEMS[name]
     out = tempfile.mkdtemp(dir=tmp)
     cmd = [sys.executable, "-m", "kvhybrid.launch.cli",
            *launcher_args(shape, args.workers, args.servers),
+           *getattr(args, "launcher_args", []),
            "python", "-m", f"benchmarks.{benchmark}", "--worker", "--model", model,
            "--system", system, "--out", out, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--tokens", str(args.tokens)]
@@ -567,11 +569,7 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, default=50, help="words per sample")
     p.add_argument("--alpha-tokens", type=int, nargs="*",
                    help="LM-like: also sweep words per sample (α) for kvhybrid and dist_sync")
-    p.add_argument("--hosts", type=int, default=0,
-                   help="emulate this many hosts (network namespaces, root only) joined by "
-                        "links of --rate; 0: everything on loopback")
-    p.add_argument("--rate", default="1gbit", help="emulated link bandwidth (tc tbf rate)")
-    p.add_argument("--delay", help="emulated link latency each way (tc netem delay), e.g. 100us")
+    add_host_args(p)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="models", help="file names: NAME.md, NAME.json, NAME.png")

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from .cluster import launcher_args_on_hosts, setting_name, why_no_hosts
+from .cluster import add_host_args, launcher_args_on_hosts, setting_name, why_no_hosts
 from .common import footer, run_job, save_figure, write_outputs
 
 log = logging.getLogger("benchmarks")
@@ -149,11 +149,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--timeout", type=float, default=300, help="seconds per job")
-    p.add_argument("--hosts", type=int, default=0,
-                   help="emulate this many hosts (network namespaces, root only) joined by "
-                        "links of --rate; 0: everything on loopback")
-    p.add_argument("--rate", default="1gbit", help="emulated link bandwidth (tc tbf rate)")
-    p.add_argument("--delay", help="emulated link latency each way (tc netem delay), e.g. 100us")
+    add_host_args(p)
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="partitions",
                    help="file names: NAME.{md,json,png}, NAME_tuning.{md,png}")

@@ -1,0 +1,296 @@
+"""Where a worker's communication thread spends its CPU, job by job.
+
+kvhybrid's per-step work off the caller's thread runs on one communication thread per
+worker (``tensor_collectives/engine.py``): the buckets' allreduces, the rows' hand-out to and
+from the group's master, the checks of prefetched pulls, the agreements on repeated calls.
+``dist_sync`` has no such thread, so on a machine with fewer cores than busy threads its
+CPU is what kvhybrid pays beyond MXNet's own path (``python -m benchmarks.models``: the
+JSON's ``cpu_ms_per_step.communication``). This benchmark says what it pays for: it trains
+a model of ``model_zoo`` through ``benchmarks.model_worker`` with each job the store queues
+on that thread timed by its kind, and the calls inside the jobs timed as ``caller_cpu``
+times the caller's (thread CPU, the outermost call of each row, inclusive of what it
+calls, µs per step after the warm-up, mean over the workers, median over the rounds):
+
+    python -m benchmarks.comm_cpu --models lm nmt --rounds 3
+    python -m benchmarks.comm_cpu --hosts 2 --rate 1gbit --models lm   # emulated hosts (root)
+
+A job's row counts its whole work; the indented rows are calls inside jobs. "Waiting for
+other ranks" is the patient waits (MPI tests, ``sched_yield`` inside them, and sleeps)
+inside all of the jobs above it. Writes ``NAME.{md,json,png}``.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import json
+import logging
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from .caller_cpu import Tally, combine, measure, worker_readings
+from .cluster import add_host_args, launcher_args_on_hosts, setting_name, why_no_hosts
+from .common import footer, resolve, save_figure, write_outputs
+from .models import add_wrapped_worker_args
+
+log = logging.getLogger("benchmarks")
+
+#: the name every communication thread's name starts with (``EngineComm``)
+THREAD_PREFIX = "kvhybrid-comm"
+
+#: the rows of the table for jobs: "job: " and the kind of each job queued (its name less
+#: what names its keys); these are the calls inside jobs, (module, attribute path, label)
+TIMED = [
+    ("kvhybrid.kvstore.overlap", "agree", "  the ranks' agreement on a call"),
+    ("kvhybrid.kvstore.row_exchange", "agree", "  the ranks' agreement on a call"),
+    ("kvhybrid.tensor_collectives.algorithms", "Algorithms.allreduce",
+     "  a bucket's sum (MPI, or the host's meeting)"),
+    ("kvhybrid.kvstore.row_exchange", "_rows_of", "  the gradient's rows and the next ids"),
+    ("kvhybrid.kvstore.row_exchange", "gather_patiently", "  the gather to the master"),
+    ("kvhybrid.kvstore.row_exchange", "sum_rows", "  the master's sums of the rows"),
+    ("kvhybrid.kvstore.ps.link", "ServerLink.push_rows", "  the master's push to the servers"),
+    ("kvhybrid.kvstore.ps.link", "ServerLink.start_pull_rows",
+     "  the master's ask for the next rows"),
+    ("kvhybrid.kvstore.row_exchange", "_hand_out_packed",
+     "  the servers' rows, packed for each rank (the master)"),
+    ("kvhybrid.kvstore.row_exchange", "new_host_row_sparse", "  arrays for the next rows"),
+    ("kvhybrid.kvstore.row_exchange", "scatter_bytes", "  the scatter from the master"),
+    ("kvhybrid.kvstore.row_exchange", "PullCheck.needs_plain_pull",
+     "  the check's meeting or small allreduce"),
+    ("kvhybrid.tensor_collectives.ops", "_sleep_until",
+     "waiting for other ranks (MPI tests and sleeps, inside the jobs)"),
+    ("kvhybrid.tensor_collectives.engine", "EngineComm._wait_started",
+     "waiting for MXNet's engine to start a job"),
+]
+
+#: the row only a rank that talks to the servers for others (a group's or a host's
+#: master) has: the table's columns split the workers by it
+MASTER_CALL = "  the master's push to the servers"
+
+#: the table's columns per system, by role
+ROLES = {"masters": "masters", "others": "the other ranks"}
+
+#: what queues a job, and where its work is among the arguments (after ``self``)
+QUEUES = [("EngineComm.submit", 2), ("EngineComm.enqueue", 1)]
+
+
+def job_kind(name: str) -> str:
+    """A job's name less what names its keys and sizes: "bucket 0 (keys 5..0)" and "the
+    check of the prefetched rows of key 6" become "bucket" and "the check"."""
+    kind = re.split(r" of | \(", name, maxsplit=1)[0]
+    return re.sub(r"(?: \d+)+$", "", kind) or name
+
+
+def on_communication_thread(thread: threading.Thread) -> bool:
+    return thread.name.startswith(THREAD_PREFIX)
+
+
+class ThreadCpu:
+    """The communication threads' own CPU clocks, read on the caller's thread at the end
+    of the warm-up and after every step from then on (a thread may end before the
+    process writes its reading)."""
+
+    def __init__(self):
+        self.idents: set = set()
+        self.first: Dict[int, int] = {}
+        self.last: Dict[int, int] = {}
+
+    def seen(self) -> None:   # on a communication thread
+        self.idents.add(threading.get_ident())
+
+    def read(self, into: Dict[int, int]) -> None:
+        for ident in list(self.idents):
+            with contextlib.suppress(OSError, ProcessLookupError, OverflowError):
+                into[ident] = time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
+
+    @property
+    def ns(self) -> int:
+        return sum(self.last[i] - self.first.get(i, 0) for i in self.last)
+
+
+def worker(argv: List[str]) -> None:
+    """One worker: wrap, train (``benchmarks.model_worker``), write ``comm-<pid>.json``."""
+    from . import model_worker
+    from kvhybrid.tensor_collectives import engine
+    args = model_worker.parse_args(argv)
+    tally = Tally(args.warmup, counts=on_communication_thread)
+    clocks = ThreadCpu()
+    for module, path, label in TIMED:
+        tally.wrap(module, path, label)
+    for path, position in QUEUES:
+        _wrap_queue(tally, clocks, engine, path, position)
+    owner, name, step = resolve("mxnet.gluon", "Trainer.step")
+
+    def counted_step(*a, **kw):
+        try:
+            return step(*a, **kw)
+        finally:
+            tally.stepped()
+            clocks.read(clocks.first if tally.steps == args.warmup else clocks.last)
+            if tally.steps < args.warmup:
+                clocks.first.clear()
+
+    setattr(owner, name, counted_step)
+
+    def write() -> None:
+        steps = args.steps - args.warmup
+        with open(os.path.join(args.out, f"comm-{os.getpid()}.json"), "w") as f:
+            json.dump({"total": clocks.ns / steps / 1e3,
+                       "us_per_step": {k: v / steps / 1e3 for k, v in tally.cpu_ns.items()},
+                       "calls_per_step": {k: v / steps for k, v in tally.calls.items()}}, f)
+
+    atexit.register(write)
+    model_worker.main(argv)
+
+
+def _wrap_queue(tally: Tally, clocks: ThreadCpu, engine, path: str, position: int) -> None:
+    """Wrap ``EngineComm.<path>`` so that the job it queues is timed under "job: <kind>"."""
+    owner, name, original = resolve(engine.__name__, path)
+
+    def queue(self, job_name, *args, **kwargs):
+        label = "job: " + job_kind(job_name)
+        args = list(args)
+        if "work" in kwargs:
+            kwargs["work"] = _timed(tally, clocks, label, kwargs["work"])
+        else:
+            args[position - 1] = _timed(tally, clocks, label, args[position - 1])
+        return original(self, job_name, *args, **kwargs)
+
+    setattr(owner, name, queue)
+
+
+def _timed(tally: Tally, clocks: ThreadCpu, label: str, work):
+    def timed():
+        clocks.seen()
+        begin = time.thread_time_ns()
+        try:
+            return work()
+        finally:
+            tally.cpu_ns[label] += time.thread_time_ns() - begin
+            tally.calls[label] += 1
+    return timed
+
+
+def run_system(args, model: str, name: str, tmp: str) -> Dict:
+    runs = worker_readings("comm_cpu", "comm", args, model, name, tmp)
+    masters = [r for r in runs if r["calls_per_step"].get(MASTER_CALL)]
+    others = [r for r in runs if not r["calls_per_step"].get(MASTER_CALL)]
+    return {role: combine(part, statistics.mean)
+            for role, part in (("masters", masters), ("others", others)) if part}
+
+
+def rows(med: Dict) -> List[str]:
+    """The labels of a reading in the table's order: the jobs by their CPU, then the calls
+    inside them as ``TIMED`` lists them."""
+    us = med["us_per_step"]
+    jobs = sorted((k for k in us if k.startswith("job: ")), key=lambda k: -us[k])
+    inside = list(dict.fromkeys(label for _, _, label in TIMED))
+    return jobs + [label for label in inside if label in us]
+
+
+def medians(by_system: Dict[str, List[Dict]]) -> Dict[str, Dict]:
+    """Each (system, role) column's median over the rounds."""
+    return {(s, role): combine([r[role] for r in rounds], statistics.median)
+            for s, rounds in by_system.items() for role in ROLES if role in rounds[0]}
+
+
+def table(results: Dict[str, Dict[str, List[Dict]]], systems: List[str]) -> str:
+    lines = []
+    for model, by_system in results.items():
+        med = medians({s: by_system[s] for s in systems})
+        columns = list(med)
+        labels = list(dict.fromkeys(label for c in columns for label in rows(med[c])))
+        lines += [f"### {model}", "",
+                  "| where | " + " | ".join(f"{s}, {ROLES[role]}: CPU µs / step (calls)"
+                                            for s, role in columns)
+                  + " |", "|---|" + "---:|" * len(columns),
+                  "| **the communication thread, all of it** | "
+                  + " | ".join(f"**{med[c]['total']:.0f}**" for c in columns) + " |"]
+        for label in labels:
+            shown = [f"{med[c]['us_per_step'][label]:.0f} "
+                     f"({med[c]['calls_per_step'][label]:.1f})"
+                     if med[c]["calls_per_step"].get(label) else "" for c in columns]
+            lines.append(f"| {label.replace('  ', '&nbsp;&nbsp;')} | " + " | ".join(shown) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results, systems: List[str], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 3.2), squeeze=False)
+    colors: Dict[str, tuple] = {}
+    for ax, (model, by_system) in zip(axes[0], results.items()):
+        columns = medians({s: by_system[s] for s in systems})
+        for i, med in enumerate(columns.values()):
+            left = 0.0
+            for label in (k for k in rows(med) if k.startswith("job: ")):
+                width = med["us_per_step"][label]
+                color = colors.setdefault(label, plt.get_cmap("tab10")(len(colors) % 10))
+                ax.barh(i, width, left=left, color=color, label=label[5:])
+                left += width
+            ax.barh(i, max(0.0, med["total"] - left), left=left, color="lightgrey",
+                    label="between jobs (the queue, the engine's start)")
+        ax.set_yticks(range(len(columns)), [f"{s}, {ROLES[role]}" for s, role in columns])
+        ax.set_xlabel("communication thread CPU µs per step")
+        ax.set_title(model)
+        handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+        ax.legend(handles.values(), handles.keys(), fontsize=6, loc="lower right")
+    save_figure(fig, path)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        worker(argv[1:])
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["lm", "nmt"])
+    p.add_argument("--systems", nargs="+", default=["kvhybrid"],
+                   choices=["kvhybrid", "kvhybrid unprefetched", "kvhybrid group-master"])
+    p.add_argument("--rounds", type=int, default=3, help="runs per system, order alternated")
+    add_host_args(p)   # (a server on each host, unless --servers says otherwise)
+    add_wrapped_worker_args(p, "comm_cpu", steps=400, warmup=10)
+    args = p.parse_args(argv)
+    if "kvhybrid group-master" in args.systems and not args.hosts:
+        p.error("--systems 'kvhybrid group-master' needs --hosts")
+    missing = why_no_hosts() if args.hosts else None
+    if missing:
+        p.error(f"--hosts {missing}")
+    if args.hosts and "--servers" not in argv:
+        args.servers = args.hosts
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    where = setting_name(args.hosts, args.rate, args.workers, args.delay)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        args.launcher_args = launcher_args_on_hosts(stack, args.hosts, args.rate, args.delay,
+                                                    args.workers, tmp)
+        results = measure(args, "comm_cpu", lambda model, system: run_system(
+            args, model, system, tmp), lambda got: ", ".join(
+                f"{ROLES[k]} {v['total']:.0f}" for k, v in got.items()))
+    text = (f"# The communication thread's CPU per step: {where}, {args.workers} workers, "
+            f"{args.servers} server(s), {args.tokens} words per sample, {args.rounds} "
+            "round(s)\n\n"
+            "Thread CPU of each job a worker's communication thread ran (\"job:\", by kind) "
+            "and of the calls inside jobs (indented; the outermost call of each row only), "
+            "inclusive of what each calls; µs per step over every step after the warm-up, "
+            "mean over the masters (the ranks that talk to the servers for the others: a "
+            "group's or each host's) and over the other ranks apart, median over the "
+            "rounds; calls per step in brackets. The whole thread is read from its own CPU "
+            "clock: what no job holds is the thread's queue and its wait for MXNet's engine "
+            "to start a job. The wrappers add a few µs a call.\n\n"
+            + table(results, args.systems) + "\n" + "\n".join(footer("comm_cpu", argv))
+            + "\n")
+    write_outputs(args.out, args.name, text, results,
+                  lambda res, path: plot(res, args.systems, path))
+
+
+if __name__ == "__main__":
+    main()
