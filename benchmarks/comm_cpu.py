@@ -112,7 +112,7 @@ class ThreadCpu:
 
     @property
     def ns(self) -> int:
-        return sum(self.last[i] - self.first.get(i, 0) for i in self.last)
+        return sum(self.last[i] - self.first[i] for i in self.last if i in self.first)
 
 
 def worker(argv: List[str]) -> None:
@@ -133,9 +133,8 @@ def worker(argv: List[str]) -> None:
             return step(*a, **kw)
         finally:
             tally.stepped()
-            clocks.read(clocks.first if tally.steps == args.warmup else clocks.last)
-            if tally.steps < args.warmup:
-                clocks.first.clear()
+            if tally.steps >= args.warmup:
+                clocks.read(clocks.first if tally.steps == args.warmup else clocks.last)
 
     setattr(owner, name, counted_step)
 
@@ -260,6 +259,8 @@ def main(argv=None) -> None:
     add_host_args(p)   # (a server on each host, unless --servers says otherwise)
     add_wrapped_worker_args(p, "comm_cpu", steps=400, warmup=10)
     args = p.parse_args(argv)
+    if args.warmup < 1:
+        p.error("--warmup must be at least 1: the threads' clocks are read from its end on")
     if "kvhybrid group-master" in args.systems and not args.hosts:
         p.error("--systems 'kvhybrid group-master' needs --hosts")
     missing = why_no_hosts() if args.hosts else None
