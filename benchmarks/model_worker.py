@@ -36,6 +36,9 @@ SYSTEMS = ("hybrid", "hybrid-unprefetched", "dist_sync", "horovod", "local")
 #: a step's parts as the caller's thread sees them
 PHASES = ("forward", "backward", "trainer.step", "waitall")
 
+#: when a worker waits for MXNet's engine (``--waitall``)
+WAITS = ("step", "end")
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -47,6 +50,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker")
     p.add_argument("--tokens", type=int, default=50, help="words per sample (sets alpha)")
     p.add_argument("--lr", type=float, help="per sample of the global batch (default: the model's)")
+    p.add_argument("--waitall", choices=WAITS, default="step",
+                   help="wait for MXNet's engine after every step (each step's time is its "
+                        "own), or once after the last, as a loop that never waits (a step's "
+                        "time is then the timed steps' total ÷ their number)")
     return p.parse_args(argv)
 
 
@@ -133,12 +140,17 @@ def main(argv=None) -> None:
         stepping = time.perf_counter()
         trainer.step(1)
         waiting = time.perf_counter()
-        mx.nd.waitall()
+        if args.waitall == "step" or step == args.steps - 1:
+            mx.nd.waitall()
         end = time.perf_counter()
+        if step == args.warmup:
+            timed_start = start
         if step >= args.warmup:
             times.append(end - start)
             phases.append((forward - start, stepping - forward, waiting - stepping,
                            end - waiting))
+    if args.waitall == "end":   # (no step's time is its own: each is the mean)
+        times = [(end - timed_start) / len(times)] * len(times)
     wire_end = interface_counters()
     timed = args.steps - args.warmup
     cpu_ms = cpu.per_step_ms(cpu_start, cpu.thread_seconds(), timed)

@@ -125,7 +125,8 @@ def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
            *launcher_args(shape, args.workers, args.servers), *args.launcher_args,
            "python", "-m", "benchmarks.model_worker", "--model", model, "--system", system,
            "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--batch-size", str(args.batch_size), "--tokens", str(tokens)]
+           "--batch-size", str(args.batch_size), "--tokens", str(tokens),
+           "--waitall", args.waitall]
     env = dict(os.environ)
     env.pop("KVHYBRID_ROUTES", None)
     env.update(SYSTEM_ENV.get(name, {}))
@@ -317,7 +318,11 @@ def write_setting(args, name: str, setting: Setting) -> None:
         f"{len(setting.rounds)} round(s) with the systems' order alternated", "",
         ratio_table(results, setting.steps or args.steps, setting), "",
         f"Median step after warm-up ({setting.warmup or args.warmup} steps), of the round with "
-        "the median throughput. kvhybrid ÷ this: "
+        "the median throughput"
+        + ("" if getattr(args, "waitall", "step") == "step" else
+           " (the workers waited for MXNet's engine once, after the last step: a step is the "
+           "timed steps' time ÷ their number)")
+        + ". kvhybrid ÷ this: "
         "throughput ratio of the same round's runs, median over the rounds (range). Loss: on "
         "one fixed batch after the run (synchronous systems take the same steps). MB: what "
         "kvhybrid handed to MPI collectives and pushed to the servers, per worker and step "
@@ -567,6 +572,11 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--tokens", type=int, default=50, help="words per sample")
+    p.add_argument("--waitall", choices=("step", "end"), default="step",
+                   help="step (default): every worker waits for MXNet's engine after each "
+                        "step, so each step is timed alone; end: once after the last step, as "
+                        "a training loop that never waits (dist_sync's next steps then start "
+                        "while its engine still runs)")
     p.add_argument("--alpha-tokens", type=int, nargs="*",
                    help="LM-like: also sweep words per sample (α) for kvhybrid and dist_sync")
     add_host_args(p)
