@@ -126,7 +126,7 @@ def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
            "python", "-m", "benchmarks.model_worker", "--model", model, "--system", system,
            "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--batch-size", str(args.batch_size), "--tokens", str(tokens),
-           "--waitall", args.waitall]
+           "--waitall", getattr(args, "waitall", "step")]
     env = dict(os.environ)
     env.pop("KVHYBRID_ROUTES", None)
     env.update(SYSTEM_ENV.get(name, {}))
