@@ -111,17 +111,23 @@ class Tally:
             if not self._counts(threading.current_thread()) or self._inside[label]:
                 return original(*args, **kwargs)
             self._inside[label] += 1
-            begin = time.thread_time_ns()
             try:
-                return original(*args, **kwargs)
+                return self.timed_call(label, original, *args, **kwargs)
             finally:
-                self.cpu_ns[label] += time.thread_time_ns() - begin
-                self.calls[label] += 1
                 self._inside[label] -= 1
                 if label == STEP:
                     self.stepped()
 
         setattr(owner, name, timed)
+
+    def timed_call(self, label: str, function: Callable, *args, **kwargs):
+        """``function(*args, **kwargs)``, its thread CPU and one call counted under ``label``."""
+        begin = time.thread_time_ns()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            self.cpu_ns[label] += time.thread_time_ns() - begin
+            self.calls[label] += 1
 
 
 def worker(argv: List[str]) -> None:
@@ -161,13 +167,12 @@ def worker_readings(bench: str, prefix: str, args, model: str, name: str,
     return [json.loads(p.read_text()) for p in readings]
 
 
-def measure(args, bench: str, run: Callable[[str, str], Dict],
+def measure(args, bench: str, thread: str, run: Callable[[str, str], Dict],
             summary: Callable[[Dict], str]) -> Dict[str, Dict[str, List[Dict]]]:
     """``run(model, system)`` for every model and system of ``args``, ``args.rounds`` times
     with the systems' order alternated: {model: {system: [each round's reading]}};
-    ``summary(reading)`` says its µs a step on the thread the benchmark reads."""
+    ``summary(reading)`` says its µs a step on the ``thread`` the benchmark reads."""
     results: Dict[str, Dict[str, List[Dict]]] = {}
-    thread = "caller's" if bench == "caller_cpu" else "communication"
     for model in args.models:
         results[model] = {s: [] for s in args.systems}
         for r in range(args.rounds):
@@ -266,7 +271,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with tempfile.TemporaryDirectory() as tmp:
-        results = measure(args, "caller_cpu", lambda model, system: run_system(
+        results = measure(args, "caller_cpu", "caller's", lambda model, system: run_system(
             args, model, system, tmp), lambda got: f"{got['total']:.0f}")
     text = (f"# The caller's thread's CPU per step: {args.workers} workers on loopback, "
             f"{args.servers} server(s), {args.tokens} words per sample, {args.rounds} round(s)\n\n"

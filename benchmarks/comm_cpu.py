@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -31,19 +32,17 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Dict, List
 
+from . import cpu
 from .caller_cpu import Tally, combine, measure, worker_readings
 from .cluster import add_host_args, launcher_args_on_hosts, setting_name, why_no_hosts
 from .common import footer, resolve, save_figure, write_outputs
+from .cpu import COMMUNICATION_THREAD
 from .models import add_wrapped_worker_args
 
 log = logging.getLogger("benchmarks")
-
-#: the name every communication thread's name starts with (``EngineComm``)
-THREAD_PREFIX = "kvhybrid-comm"
 
 #: the rows of the table for jobs: "job: " and the kind of each job queued (its name less
 #: what names its keys); these are the calls inside jobs, (module, attribute path, label)
@@ -89,30 +88,7 @@ def job_kind(name: str) -> str:
 
 
 def on_communication_thread(thread: threading.Thread) -> bool:
-    return thread.name.startswith(THREAD_PREFIX)
-
-
-class ThreadCpu:
-    """The communication threads' own CPU clocks, read on the caller's thread at the end
-    of the warm-up and after every step from then on (a thread may end before the
-    process writes its reading)."""
-
-    def __init__(self):
-        self.idents: set = set()
-        self.first: Dict[int, int] = {}
-        self.last: Dict[int, int] = {}
-
-    def seen(self) -> None:   # on a communication thread
-        self.idents.add(threading.get_ident())
-
-    def read(self, into: Dict[int, int]) -> None:
-        for ident in list(self.idents):
-            with contextlib.suppress(OSError, ProcessLookupError, OverflowError):
-                into[ident] = time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
-
-    @property
-    def ns(self) -> int:
-        return sum(self.last[i] - self.first[i] for i in self.last if i in self.first)
+    return thread.name.startswith(COMMUNICATION_THREAD)
 
 
 def worker(argv: List[str]) -> None:
@@ -121,27 +97,29 @@ def worker(argv: List[str]) -> None:
     from kvhybrid.tensor_collectives import engine
     args = model_worker.parse_args(argv)
     tally = Tally(args.warmup, counts=on_communication_thread)
-    clocks = ThreadCpu()
     for module, path, label in TIMED:
         tally.wrap(module, path, label)
     for path, position in QUEUES:
-        _wrap_queue(tally, clocks, engine, path, position)
+        _wrap_queue(tally, engine, path, position)
     owner, name, step = resolve("mxnet.gluon", "Trainer.step")
+    # the threads' CPU at the warm-up's end and the last step (they end with the store)
+    seconds: Dict[int, float] = {}
 
     def counted_step(*a, **kw):
         try:
             return step(*a, **kw)
         finally:
             tally.stepped()
-            if tally.steps >= args.warmup:
-                clocks.read(clocks.first if tally.steps == args.warmup else clocks.last)
+            if tally.steps in (args.warmup, args.steps):
+                seconds[tally.steps] = cpu.thread_seconds()["communication"]
 
     setattr(owner, name, counted_step)
 
     def write() -> None:
         steps = args.steps - args.warmup
+        total = seconds[args.steps] - seconds[args.warmup]
         with open(os.path.join(args.out, f"comm-{os.getpid()}.json"), "w") as f:
-            json.dump({"total": clocks.ns / steps / 1e3,
+            json.dump({"total": total / steps * 1e6,
                        "us_per_step": {k: v / steps / 1e3 for k, v in tally.cpu_ns.items()},
                        "calls_per_step": {k: v / steps for k, v in tally.calls.items()}}, f)
 
@@ -149,32 +127,22 @@ def worker(argv: List[str]) -> None:
     model_worker.main(argv)
 
 
-def _wrap_queue(tally: Tally, clocks: ThreadCpu, engine, path: str, position: int) -> None:
+def _wrap_queue(tally: Tally, engine, path: str, position: int) -> None:
     """Wrap ``EngineComm.<path>`` so that the job it queues is timed under "job: <kind>"."""
     owner, name, original = resolve(engine.__name__, path)
 
     def queue(self, job_name, *args, **kwargs):
         label = "job: " + job_kind(job_name)
         args = list(args)
+        work = kwargs["work"] if "work" in kwargs else args[position - 1]
+        timed = functools.partial(tally.timed_call, label, work)
         if "work" in kwargs:
-            kwargs["work"] = _timed(tally, clocks, label, kwargs["work"])
+            kwargs["work"] = timed
         else:
-            args[position - 1] = _timed(tally, clocks, label, args[position - 1])
+            args[position - 1] = timed
         return original(self, job_name, *args, **kwargs)
 
     setattr(owner, name, queue)
-
-
-def _timed(tally: Tally, clocks: ThreadCpu, label: str, work):
-    def timed():
-        clocks.seen()
-        begin = time.thread_time_ns()
-        try:
-            return work()
-        finally:
-            tally.cpu_ns[label] += time.thread_time_ns() - begin
-            tally.calls[label] += 1
-    return timed
 
 
 def run_system(args, model: str, name: str, tmp: str) -> Dict:
@@ -260,7 +228,7 @@ def main(argv=None) -> None:
     add_wrapped_worker_args(p, "comm_cpu", steps=400, warmup=10)
     args = p.parse_args(argv)
     if args.warmup < 1:
-        p.error("--warmup must be at least 1: the threads' clocks are read from its end on")
+        p.error("--warmup must be at least 1: the threads' CPU is read from its end on")
     if "kvhybrid group-master" in args.systems and not args.hosts:
         p.error("--systems 'kvhybrid group-master' needs --hosts")
     missing = why_no_hosts() if args.hosts else None
@@ -273,7 +241,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         args.launcher_args = launcher_args_on_hosts(stack, args.hosts, args.rate, args.delay,
                                                     args.workers, tmp)
-        results = measure(args, "comm_cpu", lambda model, system: run_system(
+        results = measure(args, "comm_cpu", "communication", lambda model, system: run_system(
             args, model, system, tmp), lambda got: ", ".join(
                 f"{ROLES[k]} {v['total']:.0f}" for k, v in got.items()))
     text = (f"# The communication thread's CPU per step: {where}, {args.workers} workers, "
@@ -284,8 +252,8 @@ def main(argv=None) -> None:
             "inclusive of what each calls; µs per step over every step after the warm-up, "
             "mean over the masters (the ranks that talk to the servers for the others: a "
             "group's or each host's) and over the other ranks apart, median over the "
-            "rounds; calls per step in brackets. The whole thread is read from its own CPU "
-            "clock: what no job holds is the thread's queue and its wait for MXNet's engine "
+            "rounds; calls per step in brackets. The whole thread's CPU is read from "
+            "/proc (benchmarks/cpu.py) at the warm-up's end and the last step: what no job holds is the thread's queue and its wait for MXNet's engine "
             "to start a job. The wrappers add a few µs a call.\n\n"
             + table(results, args.systems) + "\n" + "\n".join(footer("comm_cpu", argv))
             + "\n")

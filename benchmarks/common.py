@@ -47,6 +47,11 @@ def mpirun_command(ranks: int, bench: str) -> List[str]:
     return cmd
 
 
+#: when a ``model_worker`` waits for MXNet's engine (``--waitall``): after every step, so
+#: each step is timed alone, or once after the last, as a loop that never waits
+WAITS = ("step", "end")
+
+
 def resolve(module: str, path: str) -> Tuple[object, str, object]:
     """(the object that holds the last name of the dotted ``path`` inside ``module``, that
     name, what it holds now): where a wrapping benchmark (caller_cpu, step_timeline) puts

@@ -13,6 +13,9 @@ from typing import Dict
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
+#: how kvhybrid's communication threads' names begin (``tensor_collectives/engine.py``)
+COMMUNICATION_THREAD = "kvhybrid-comm"
+
 
 def thread_seconds() -> Dict[str, float]:
     """CPU seconds used so far by this process's threads, by role: 'caller' (the main
@@ -33,7 +36,7 @@ def thread_seconds() -> Dict[str, float]:
             seconds = time.thread_time()
         name = names.get(int(tid))
         role = ("caller" if int(tid) == main else "native" if name is None
-                else "communication" if name.startswith("kvhybrid-comm") else "other")
+                else "communication" if name.startswith(COMMUNICATION_THREAD) else "other")
         out[role] += seconds
     return out
 

@@ -30,14 +30,12 @@ from kvhybrid.tensor_collectives.mpi_env import load_mpi
 from . import model_zoo
 from .model_zoo import MODELS
 from . import cpu
+from .common import WAITS
 from .wire import interface_counters
 
 SYSTEMS = ("hybrid", "hybrid-unprefetched", "dist_sync", "horovod", "local")
 #: a step's parts as the caller's thread sees them
 PHASES = ("forward", "backward", "trainer.step", "waitall")
-
-#: when a worker waits for MXNet's engine (``--waitall``)
-WAITS = ("step", "end")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -179,7 +177,8 @@ def main(argv=None) -> None:
         with open(os.path.join(args.out, "result.json"), "w") as f:
             json.dump({"model": args.model, "system": args.system, "workers": workers,
                        "step_seconds": step, "words_per_second": words / step,
-                       "loss": final, "steps": args.steps, "bytes_sent": sent,
+                       "loss": final, "steps": args.steps, "waitall": args.waitall,
+                       "bytes_sent": sent,
                        "sent_steps": timed,
                        "dense_bytes": sum(p.data().size * 4 for name, p in
                                           net.collect_params().items() if "embedding" not in name),

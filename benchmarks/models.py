@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .cluster import add_host_args, launcher_args_on_hosts, setting_name, why_no_hosts
-from .common import DIAGNOSTICS_OUT, footer, grouped_bars, provenance, ratio_cell, \
+from .common import DIAGNOSTICS_OUT, WAITS, footer, grouped_bars, provenance, ratio_cell, \
     round_ratios, run_job, save_figure, write_outputs
 from .model_zoo import MODELS
 from .wire import describe, per_host, table3
@@ -572,7 +572,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--tokens", type=int, default=50, help="words per sample")
-    p.add_argument("--waitall", choices=("step", "end"), default="step",
+    p.add_argument("--waitall", choices=WAITS, default="step",
                    help="step (default): every worker waits for MXNet's engine after each "
                         "step, so each step is timed alone; end: once after the last step, as "
                         "a training loop that never waits (dist_sync's next steps then start "

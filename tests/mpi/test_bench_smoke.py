@@ -102,8 +102,8 @@ def test_models_benchmark_runs_every_system_and_they_take_the_same_steps(tmp_pat
 
 
 def test_models_benchmark_times_a_loop_that_never_waits(tmp_path):
-    """--waitall end: the workers wait for MXNet's engine once, after the last step; every
-    step is the timed steps' mean, and the systems still take the same steps."""
+    """--waitall end: the workers wait for MXNet's engine once, after the last step (each
+    says so in its result), and the systems still take the same steps."""
     table, results = run_bench("models", tmp_path, "--models", "lm", "--steps", 6, "--warmup", 2,
                                "--workers", 2, "--tokens", 10, "--systems", "kvhybrid",
                                "dist_sync", "--waitall", "end")
@@ -111,8 +111,7 @@ def test_models_benchmark_times_a_loop_that_never_waits(tmp_path):
     assert set(systems) == {"kvhybrid", "dist_sync"}
     losses = [r["loss"] for r in systems.values()]
     assert max(losses) - min(losses) <= 1e-4 * abs(losses[0]), systems
-    # (the median step did not wait: the engine ran on while the loop went on)
-    assert all(r["step_seconds"] > 0 and r["phases"]["waitall"] < 1e-3 for r in systems.values())
+    assert all(r["step_seconds"] > 0 and r["waitall"] == "end" for r in systems.values())
     assert "waited for MXNet's engine once, after the last step" in table
 
 

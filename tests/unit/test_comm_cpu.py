@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from benchmarks.comm_cpu import QUEUES, THREAD_PREFIX, TIMED, job_kind, on_communication_thread
+from benchmarks.comm_cpu import QUEUES, TIMED, job_kind, on_communication_thread
+from benchmarks.cpu import COMMUNICATION_THREAD
 from benchmarks.caller_cpu import Tally
 from benchmarks.common import resolve
 
@@ -46,7 +47,7 @@ def test_only_the_communication_threads_calls_count():
         tally = Tally(counts=on_communication_thread)
         tally.wrap("fake_comm", "work", "work")
         fake.work()   # the main thread: not counted
-        for name in (f"{THREAD_PREFIX}-world", "another"):
+        for name in (f"{COMMUNICATION_THREAD}-world", "another"):
             thread = threading.Thread(target=fake.work, name=name)
             thread.start()
             thread.join()
