@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Dict, List
 
 from . import ROOT
-from .common import DIAGNOSTICS_OUT, footer, ratio_cell, run_job, save_figure, write_outputs
+from .common import (DIAGNOSTICS_OUT, WAITS, footer, ratio_cell, run_job, save_figure,
+                     write_outputs)
 
 log = logging.getLogger("benchmarks")
 
@@ -74,6 +75,8 @@ def _run(tree: Path, args, out: Path) -> Dict[str, dict]:
            "--name", "run"]
     if args.hosts:   # both trees on emulated hosts of the same rate
         cmd += ["--hosts", str(args.hosts), "--rate", args.rate]
+    if args.waitall != "step":   # (a tree from before --waitall times every step alone)
+        cmd += ["--waitall", args.waitall]
     # run in the tree: ``python -m`` puts the working directory first on the path, before
     # PYTHONPATH, and the tree's benchmarks/__init__ puts the tree first on every job's
     # path; a timeout or Ctrl-C stops the job's launcher and processes
@@ -139,6 +142,9 @@ def main(argv=None) -> None:
     p.add_argument("--hosts", type=int, default=0,
                    help="emulated hosts (benchmarks.models --hosts; root only); 0: loopback")
     p.add_argument("--rate", default="1gbit", help="their links' bandwidth, with --hosts")
+    p.add_argument("--waitall", choices=WAITS, default="step",
+                   help="benchmarks.models --waitall: wait for MXNet's engine after every "
+                        "step, or once at the end (both trees must know the option)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=DIAGNOSTICS_OUT)
     p.add_argument("--name", default="before_after")

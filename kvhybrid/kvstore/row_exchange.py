@@ -28,8 +28,9 @@ from ..errors import KeyValueError, explain
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
-                                                    host_view, ids_address, new_host_row_sparse,
-                                                    reads_row_ids_in_place, row_sparse_ids)
+                                                    host_view, ids_address, make_rows,
+                                                    new_host_row_sparse, reads_row_ids_in_place,
+                                                    row_sparse_ids, rows_made_later)
 from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, scatter_rows, sum_rows, take_rows,
                                        union_ids, unique_ids)
@@ -83,20 +84,24 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.
 
 
 class Prefetch:
-    """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: filled
-    by the communication thread, read by the caller's thread once ``ready`` is set."""
+    """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: written
+    by an engine operation (the hand-out, or MXNet's pull), read by the caller's thread once
+    ``ready`` is set, or copied by MXNet's engine behind that operation."""
 
-    def __init__(self, key: Key, ids: np.ndarray, handed: Optional[np.ndarray] = None):
-        #: this rank's sorted unique ids (None until the hand-out worked them out)
+    def __init__(self, key: Key, ids: Optional[np.ndarray], handed: Optional[np.ndarray] = None,
+                 array: Optional[NDArray] = None, rows: Optional[np.ndarray] = None):
+        #: this rank's sorted unique ids (None until MXNet's pull sorted them: pure PS)
         self.key, self.ids = key, ids
         #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was,
         #: and where they lie for the C++ helper's compare (``ids_address``)
         self.handed = handed
         self.handed_at = ids_address(handed) if handed is not None else None
-        self.rows: Optional[np.ndarray] = None
-        #: the rows as a host row_sparse array, built by the communication thread: a pull
-        #: of exactly ``ids`` copies it into its out, waiting for nothing
-        self.array: Optional[NDArray] = None
+        #: the rows as a host row_sparse array, made at the push and written by an engine
+        #: operation: a pull of exactly ``ids`` queues an engine copy of it into its out,
+        #: which waits in MXNet's engine for that operation, so nothing waits on the
+        #: caller's thread (``SparsePath._pull_as_before``); ``rows``: a view of its rows
+        #: (None until that operation gave the array its rows, where it does: ``make_rows``)
+        self.array, self.rows = array, rows
         self.ready = threading.Event()
         #: why the rows could not be handed over (set with ``ready``; the reader raises it)
         self.error: Optional[str] = None
@@ -145,7 +150,7 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     error, signature = call
     agreement = np.array([1 if error else 0, 0 if error else digest(signature)], np.int64)
     keys = ", ".join(repr(p.key) for p in pushes)
-    prefetches = [Prefetch(p.key, p.next_ids, p.handed) for p in pushes]
+    prefetches = [_prefetch_into_new_array(p) for p in pushes]
     row_bytes = [p.slot.dtype.itemsize * math.prod(p.slot.shape[1:]) for p in pushes]
 
     def serve(gathered) -> Tuple[bool, list]:
@@ -190,9 +195,11 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
             with servers.deferred(hand_out_group.watchdog) if servers is not None \
                     else contextlib.nullcontext():
                 served = serve(gathered)
-        # the rows' arrays next: their indices' engine round trips are made while the
-        # master waits for the servers, not after
-        made = [new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype) for p in pushes]
+        # the rows' memory next (where the push left it to this job), while the master
+        # waits for the servers, not after
+        for p, prefetch in zip(pushes, prefetches):
+            if prefetch.rows is None:
+                prefetch.rows = make_rows(prefetch.array, p.next_ids)
         packed = None if served is None else \
             _hand_out_packed(pushes, served[1], row_bytes, served[0], hand_out_group)
         got = scatter_bytes(packed, np.empty(8 + sum(len(p.next_ids) * b for p, b
@@ -204,25 +211,42 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
             text = explain("push", details) if hand_out_group.rank == 0 else None
             raise KeyValueError(hand_out_group.comm.bcast(text, root=0))
         start = 8
-        for p, prefetch, (array, values), size in zip(pushes, prefetches, made, row_bytes):
+        for p, prefetch, size in zip(pushes, prefetches, row_bytes):
             end = start + len(p.next_ids) * size
-            values.reshape(-1).view(np.uint8)[:] = got[start:end]
+            prefetch.rows.reshape(-1).view(np.uint8)[:] = got[start:end]
             start = end
-            prefetch.rows, prefetch.array = values, array
             prefetch.ready.set()   # (on failure the reader sees the thread's error instead)
 
+    def finish() -> None:   # after the job, whatever happened
+        for prefetch in prefetches:   # rows that never came read as zeros, not stale memory
+            if not prefetch.ready.is_set() and prefetch.rows is not None:
+                prefetch.rows.fill(0)   # (an array given no rows reads as zeros too)
+        if done is not None:
+            done()
+
     reads = [a for p in pushes if p.arrays is not None for a in p.arrays]
-    name = f"the prefetched rows of key(s) {keys}"
-    try:
-        if reads:
-            comm.submit(name, [], hand_out, reads=reads, cleanup=done)
-        else:   # (every key failed its local checks here: nothing to read)
-            comm.enqueue(name, hand_out, cleanup=done)
+    try:   # (it writes the rows' arrays: engine copies of them wait for it)
+        comm.submit(f"the prefetched rows of key(s) {keys}", [f.array for f in prefetches],
+                    hand_out, reads=reads, cleanup=finish)
     except BaseException:   # (the thread failed before: nothing was queued)
         if done is not None:
             done()
         raise
     return prefetches
+
+
+def _prefetch_into_new_array(p: PushOfRows) -> Prefetch:
+    """``push_and_prefetch``'s rows of one key, on the caller's thread: a new host row_sparse
+    array, which the hand-out gives its rows (``make_rows``: their count is known there).
+    Without the C++ helper, which can, the array is made here with room for the rows, their
+    sorted unique ids worked out first (where ``prefetch_rows`` was handed one array): on an
+    LM worker's caller's thread that cost 200 us a step where the helper's costs 20."""
+    if rows_made_later():
+        return Prefetch(p.key, p.next_ids, p.handed, empty_row_sparse(p.slot.shape, p.slot.dtype))
+    if p.next_ids is None:
+        p.next_ids = unique_ids(p.handed, p.slot.shape[0])
+    array, rows = new_host_row_sparse(p.next_ids, p.slot.shape, p.slot.dtype)
+    return Prefetch(p.key, p.next_ids, p.handed, array, rows)
 
 
 def push_and_prefetch_alone(pushes: Sequence[PushOfRows], servers: ServerLink,
@@ -234,13 +258,13 @@ def push_and_prefetch_alone(pushes: Sequence[PushOfRows], servers: ServerLink,
     waits, on any thread of ours. The gradient is copied first (MXNet writes the rows it
     pulls into the array it pushed); an engine operation that reads the gradient and the
     rows hands the rows over once they came (``when_ready``), and counts the gradient's
-    rows for α where the caller left that, and its bytes in ``group``'s counters. The
-    group's watchdog times the servers' answer. Keys must pass ``ServerLink.rows_alone``,
+    rows for α where the caller left that, and its bytes in ``group``'s counters; a pull's
+    engine copy of the rows waits for MXNet's pull that writes them. The group's watchdog
+    times the servers' answer. Keys must pass ``ServerLink.rows_alone``,
     each with one host array."""
     prefetches = []
     for p in pushes:
         slot, grad = p.slot, p.arrays[0]
-        prefetch = Prefetch(p.key, None, p.handed)
         wanted = p.next_ids if p.next_ids is not None else p.handed
         wire = servers.rows_wire(p.key, slot.shape, slot.dtype)
         copy(grad, wire)
@@ -250,6 +274,7 @@ def push_and_prefetch_alone(pushes: Sequence[PushOfRows], servers: ServerLink,
         else:
             out = new_host_row_sparse(np.zeros(0, np.int64), slot.shape, slot.dtype)[0]
             servers.push_rows_in_engine(p.key, wire, None, None)
+        prefetch = Prefetch(p.key, p.next_ids, p.handed, out)
         done = group.watchdog.watch(lambda key=p.key: f"the parameter servers' rows of key "
                                                        f"{key!r} for the next step", outward=True)
         when_ready(f"prefetched rows of key {p.key!r}", [grad, out],
@@ -295,10 +320,10 @@ def _take_rows(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group) ->
 
 def _rows_of(p: PushOfRows) -> Tuple[np.ndarray, np.ndarray]:
     """``push_and_prefetch``'s hand-out: (ids, rows) of this rank's gradient of one key (none
-    after a local error), and its next ids sorted, where the caller left them to it. Runs in
-    the engine operation that reads the gradient: it is written, and its ids are read in
-    place (waiting for it here would wait behind the next backward pass, which waits for
-    this operation)."""
+    after a local error). Runs in the engine operation that reads the gradient: it is
+    written, and its ids are read in place (waiting for it here would wait behind the next
+    backward pass, which waits for this operation). Works out the next ids where the
+    caller left them to it."""
     if p.next_ids is None:
         p.next_ids = unique_ids(p.handed, p.slot.shape[0])
     if p.arrays is None:

@@ -121,6 +121,56 @@ def new_host_row_sparse(ids: np.ndarray, shape,
     return arr, host_view(arr, dtype, math.prod(row_shape)).reshape(row_shape)
 
 
+def rows_made_later() -> bool:
+    """Whether ``make_rows`` can give an ``empty_row_sparse`` array its rows later, from
+    inside an engine operation that writes it (the C++ helper)."""
+    return _native_alloc() is not None
+
+
+def make_rows(arr: RowSparseNDArray, ids: np.ndarray) -> np.ndarray:
+    """Give ``arr`` (an ``empty_row_sparse`` array, held by the running engine operation
+    that writes it, where ``rows_made_later``) the sorted unique ``ids`` and room for their
+    rows; returns a view of those rows for the caller to fill. Copies of ``arr`` queued
+    before, behind that operation, take the rows it was given."""
+    ids_at, rows_at = ctypes.c_void_p(), ctypes.c_void_p()
+    answer = _native_alloc()(arr.handle, len(ids), ctypes.byref(ids_at), ctypes.byref(rows_at))
+    if answer != 0:
+        raise RuntimeError(f"kvhybrid's C++ helper could not give a row_sparse array its rows "
+                           f"(kvhybrid_alloc_rows answered {answer})")
+    dtype = np.dtype(arr.dtype)
+    row_shape = (len(ids),) + tuple(arr.shape[1:])
+    if not len(ids):
+        return np.empty(row_shape, dtype)
+    memory_view(ids_at.value, len(ids), np.int64)[:] = ids
+    return memory_view(rows_at.value, math.prod(row_shape), dtype, owner=arr).reshape(row_shape)
+
+
+def _native_alloc():
+    """The helper's ``kvhybrid_alloc_rows``, or None where it was not built (or before it
+    was in it), is turned off, or makes an array that MXNet reads otherwise than the one
+    ``row_sparse_array`` makes of the same rows."""
+    if _ALLOC:
+        return _ALLOC[0]
+    lib, function = _library(), None
+    if lib is not None and hasattr(lib, "kvhybrid_alloc_rows"):
+        function = lib.kvhybrid_alloc_rows
+        values, ids = np.arange(6, dtype=np.float32).reshape(3, 2), np.array([2, 5, 11])
+        want = mx.nd.sparse.row_sparse_array((values, ids), shape=(16, 2))
+        made = empty_row_sparse((16, 2), np.float32)
+        ids_at, rows_at = ctypes.c_void_p(), ctypes.c_void_p()
+        right = function(made.handle, 3, ctypes.byref(ids_at), ctypes.byref(rows_at)) == 0
+        if right:
+            memory_view(ids_at.value, 3, np.int64)[:] = ids
+            memory_view(rows_at.value, 6, np.float32)[:] = values.reshape(-1)
+            right = (np.array_equal(made.indices.asnumpy(), ids)
+                     and np.array_equal(made.asnumpy(), want.asnumpy()))
+        if not right:
+            _reads_wrong("gives this MXNet's arrays their rows")
+            function = None
+    _ALLOC.append(function)
+    return function
+
+
 def empty_row_sparse(shape, dtype) -> RowSparseNDArray:
     """A new host row_sparse array of ``shape`` with no rows and no memory yet: an out for
     a pull, which sizes it (``mx.nd.sparse.zeros`` runs an operator through the engine for
@@ -190,10 +240,14 @@ _HELPER = Helper("_ndarray_aux", "KVHYBRID_CPP_HELPER", "row ids are read throug
                                                           ctypes.c_int]),
                   "kvhybrid_pull_prefetched": (ctypes.c_int, [
                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                      ctypes.c_void_p, ctypes.c_int])})
+                      ctypes.c_void_p, ctypes.c_int]),
+                  "kvhybrid_alloc_rows": (ctypes.c_int, [
+                      ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
+                      ctypes.POINTER(ctypes.c_void_p)])})
 _NATIVE: list = []    # [kvhybrid_row_sparse_ids, or None], once checked
 _PULL: list = []      # [(kvhybrid_ids_equal, kvhybrid_engine_copy, kvhybrid_pull_prefetched
 #                        or None), or None], once checked
+_ALLOC: list = []     # [kvhybrid_alloc_rows, or None], once checked
 
 
 def _library() -> Optional[ctypes.CDLL]:

@@ -42,3 +42,27 @@ def test_operations_start_in_order_once_written_and_complete(group, native):
     with pytest.raises(KVHybridError, match="broken"):
         comm.check()
     comm.close()
+
+
+def test_rows_made_inside_the_operation_that_writes_them_reach_a_copy_queued_before(group):
+    # a prefetching push's hand-out: the rows' array is made empty at the push, a pull's
+    # copy of it is queued next, and only the operation knows how many rows it gets
+    import numpy as np
+    from kvhybrid.tensor_collectives.ndarray_view import (empty_row_sparse, engine_copy,
+                                                        make_rows, rows_made_later)
+    assert rows_made_later(), "scripts/setup.sh builds ndarray_aux.cc"
+    comm = engine.EngineComm(group)
+    gate, array = mx.nd.zeros((1 << 20,)), empty_row_sparse((12, 2), np.float32)
+    for _ in range(10):   # the operation starts only once these have run
+        mx.nd.elemwise_add(gate, mx.nd.ones((1 << 20,)), out=gate)
+
+    def hand_out():
+        rows = make_rows(array, np.array([1, 4, 9], np.int64))
+        rows[:] = np.arange(6, dtype=np.float32).reshape(3, 2) + host_view(gate)[0]
+
+    comm.submit("hand-out", [array], hand_out, reads=[gate])
+    out = empty_row_sparse((12, 2), np.float32)
+    assert engine_copy(array, out)   # queued before the operation gave the array its rows
+    assert out.indices.asnumpy().tolist() == [1, 4, 9]
+    assert out.data.asnumpy().tolist() == [[10, 11], [12, 13], [14, 15]]
+    comm.close()

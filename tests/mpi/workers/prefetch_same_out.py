@@ -15,22 +15,14 @@ import sys
 import mxnet as mx
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sparse_models import SMALL_TABLE as shape, small_table_store  # noqa: E402
+from sparse_models import (SMALL_TABLE as shape, full_path_pulls,  # noqa: E402
+                           small_table_store)
 
 out_dir = sys.argv[1]
 kv, grad = small_table_store()
 rank = kv.rank
 
-full_path = []   # the pulls that went through the full checks
-_full = kv.sparse._pull_prefetched
-
-
-def counted(key, *args):
-    full_path.append(key)
-    return _full(key, *args)
-
-
-kv.sparse._pull_prefetched = counted
+full_path = full_path_pulls(kv)   # the pulls that went through the full checks
 out = mx.nd.sparse.zeros("row_sparse", shape)
 
 

@@ -145,3 +145,16 @@ def small_table_store():
         return mx.nd.sparse.row_sparse_array(
             (np.ones((2, 4), np.float32), [kv.rank, 10 + kv.rank]), shape=SMALL_TABLE)
     return kv, grad
+
+
+def full_path_pulls(kv) -> list:
+    """The keys of ``kv``'s pulls that take the full checks (``_pull_prefetched``, which waits
+    for the rows), appended as they come."""
+    keys, full = [], kv.sparse._pull_prefetched
+
+    def counted(key, *args):
+        keys.append(key)
+        return full(key, *args)
+
+    kv.sparse._pull_prefetched = counted
+    return keys
