@@ -98,6 +98,9 @@ def add_wrapped_worker_args(p: argparse.ArgumentParser, name: str, steps: int,
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--name", default=name)
     p.add_argument("--out", default=DIAGNOSTICS_OUT)
+    p.add_argument("--waitall", choices=WAITS, default="step",
+                   help="as benchmarks.models --waitall: wait for MXNet's engine after every "
+                        "step, or once after the last (a loop that never waits)")
 
 
 def run_wrapped_workers(benchmark: str, args, model: str, name: str, tmp: str) -> Path:
@@ -113,7 +116,8 @@ def run_wrapped_workers(benchmark: str, args, model: str, name: str, tmp: str) -
            *getattr(args, "launcher_args", []),
            "python", "-m", f"benchmarks.{benchmark}", "--worker", "--model", model,
            "--system", system, "--out", out, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--tokens", str(args.tokens)]
+           "--warmup", str(args.warmup), "--tokens", str(args.tokens),
+           "--waitall", args.waitall]
     run_job(cmd, dict(os.environ), args.timeout, f"{model} on {name}", benchmark)
     return Path(out)
 
