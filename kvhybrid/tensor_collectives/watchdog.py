@@ -272,9 +272,14 @@ class Watchdog:
         return None
 
     def _limit_now(self, seq: int) -> float:
-        """This wait's limit, deferred while every laggard waits further down a chain."""
+        """This wait's limit, deferred while every laggard waits further down a chain. A
+        laggard that is stopped (SIGSTOP, a debugger) waits for nothing, whatever its board
+        says: it is the culprit, named at the plain limit (deferred, this wait raced a
+        master of another group whose wait for the servers it held up, and that master,
+        which can name only the servers, ran out first on a busy machine)."""
         behind = self._behind(seq)
-        if behind and all(self._board[rank][_OUTWARD] for rank in behind):
+        if behind and all(self._board[rank][_OUTWARD] and not self._stopped(rank)
+                          for rank in behind):
             return max(self._limit, self.timeout * DEFERRED_FACTOR)
         return self._limit
 
