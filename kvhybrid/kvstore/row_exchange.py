@@ -88,8 +88,8 @@ class Prefetch:
     by an engine operation (the hand-out, or MXNet's pull), read by the caller's thread once
     ``ready`` is set, or copied by MXNet's engine behind that operation."""
 
-    def __init__(self, key: Key, ids: Optional[np.ndarray], handed: Optional[np.ndarray] = None,
-                 array: Optional[NDArray] = None, rows: Optional[np.ndarray] = None):
+    def __init__(self, key: Key, ids: Optional[np.ndarray], handed: Optional[np.ndarray],
+                 array: NDArray, rows: Optional[np.ndarray] = None):
         #: this rank's sorted unique ids (None until MXNet's pull sorted them: pure PS)
         self.key, self.ids = key, ids
         #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was,
@@ -315,7 +315,6 @@ def _take_rows(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group) ->
     prefetch.rows = host_view(out, p.slot.dtype, len(ids) * width).reshape(
         (len(ids),) + tuple(p.slot.shape[1:])) if len(ids) else \
         np.zeros((0,) + tuple(p.slot.shape[1:]), p.slot.dtype)
-    prefetch.array = out
 
 
 def _rows_of(p: PushOfRows) -> Tuple[np.ndarray, np.ndarray]:
@@ -490,7 +489,7 @@ def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.nda
     """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which
     the prefetch must hold: ``prefetch_holds``)."""
     for o, i in zip(outs, ids):
-        if prefetch.array is not None and _same_ids(i, prefetch.ids):
+        if _same_ids(i, prefetch.ids):
             copy(prefetch.array, o)   # (the engine copies it; nothing writes it again)
             continue
         part = prefetch.rows[np.searchsorted(prefetch.ids, i)]

@@ -441,8 +441,8 @@ class SparsePath:
         if (last is None or out is not last[0] or self.slots.get(key) is not last[1]
                 or prefetch.handed is None or not isinstance(row_ids, mx.nd.NDArray)):
             return False
-        if prefetch.error is not None or prefetch.array is None:   # (never, in practice)
-            return False   # (the full path raises it)
+        if prefetch.error is not None:   # (a pure-PS hand-over failed: the full path raises it)
+            return False
         self.engine.check()   # (the hand-out failed already: raise that, not copy zeros)
         # the rows to the out (the engine copies them; nothing writes them again) if the
         # ids are those handed: in one call of the C++ helper where it can

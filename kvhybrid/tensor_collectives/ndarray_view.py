@@ -136,7 +136,9 @@ def make_rows(arr: RowSparseNDArray, ids: np.ndarray) -> np.ndarray:
     answer = _native_alloc()(arr.handle, len(ids), ctypes.byref(ids_at), ctypes.byref(rows_at))
     if answer != 0:
         raise RuntimeError(f"kvhybrid's C++ helper could not give a row_sparse array its rows "
-                           f"(kvhybrid_alloc_rows answered {answer})")
+                           f"(kvhybrid_alloc_rows answered {answer}): set KVHYBRID_CPP_HELPER=0 "
+                           "(prefetched rows then get their memory on the caller's thread) and "
+                           "report it")
     dtype = np.dtype(arr.dtype)
     row_shape = (len(ids),) + tuple(arr.shape[1:])
     if not len(ids):

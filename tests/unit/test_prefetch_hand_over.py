@@ -13,10 +13,11 @@ def test_a_failed_hand_over_sets_ready_with_an_error_naming_the_key():
     slot = types.SimpleNamespace(shape=(10, 2), dtype=np.dtype(np.float32))
     # a dense gradient where a row_sparse one belongs: its ids cannot be read in place
     push = rx.PushOfRows("emb", slot, [mx.nd.zeros((10, 2))], None, np.array([1, 3]))
-    prefetch = rx.Prefetch("emb", None)
+    out = mx.nd.zeros((10, 2))
+    prefetch = rx.Prefetch("emb", None, None, out)
     group = types.SimpleNamespace(bytes_sent=collections.Counter())
     ended = []
-    rx._hand_over(push, prefetch, mx.nd.zeros((10, 2)), group, lambda: ended.append(True))
+    rx._hand_over(push, prefetch, out, group, lambda: ended.append(True))
     assert prefetch.ready.is_set() and ended == [True]   # nothing left waiting, no timer left
     assert prefetch.error is not None and "'emb'" in prefetch.error
     assert "kvhybrid.prefetch" in prefetch.error   # what to do about it
