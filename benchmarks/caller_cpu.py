@@ -35,11 +35,17 @@ from .models import add_wrapped_worker_args, run_wrapped_workers
 
 log = logging.getLogger("benchmarks")
 
+#: the forward pass's operator calls into MXNet (shape inference, the engine push), the
+#: rows' pull left out: the same operators in every system, so what differs is what runs
+#: beside them
+OPERATORS = "  the net's operators (each a call into MXNet; not the rows' pull)"
+
 #: (module, attribute path, label): what is timed; a label names the outermost call only
 TIMED = [
     ("mxnet.gluon", "Block.__call__", "forward (the net's calls)"),
     ("mxnet.gluon.parameter", "Parameter.row_sparse_data",
      "  a sparse weight's rows (Gluon, then the store's row_sparse_pull)"),
+    ("mxnet.ndarray.register", "_imperative_invoke", OPERATORS),
     ("mxnet.ndarray", "NDArray.backward", "backward"),
     ("mxnet.gluon", "Trainer.step", "trainer.step"),   # (STEP)
     ("mxnet.kvstore", "KVStore.pushpull", "MXNet KVStore: pushpull"),
@@ -80,6 +86,10 @@ TIMED = [
 #: the label whose calls count the steps
 STEP = "trainer.step"
 
+#: a label counted only inside one call and outside another: (inside, outside)
+WITHIN = {OPERATORS: ("forward (the net's calls)",
+                      "  a sparse weight's rows (Gluon, then the store's row_sparse_pull)")}
+
 
 class Tally:
     """Thread CPU and calls per label, outermost calls only, on the threads ``counts``
@@ -105,10 +115,13 @@ class Tally:
 
     def wrap(self, module: str, path: str, label: str) -> None:
         owner, name, original = resolve(module, path)
+        inside, outside = WITHIN.get(label, (None, None))
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
-            if not self._counts(threading.current_thread()) or self._inside[label]:
+            if (not self._counts(threading.current_thread()) or self._inside[label]
+                    or (inside is not None and not self._inside[inside])
+                    or (outside is not None and self._inside[outside])):
                 return original(*args, **kwargs)
             self._inside[label] += 1
             try:

@@ -58,3 +58,49 @@ def test_the_counts_start_over_when_the_warm_up_ends():
         assert tally.calls[STEP] == 3 and tally.calls["other"] == 3
     finally:
         del sys.modules["fake_steps"]
+
+
+def test_a_label_within_another_counts_only_inside_it_and_outside_the_third(monkeypatch):
+    import sys
+    from benchmarks import caller_cpu
+    fake = types.ModuleType("fake_within")
+    fake.op = lambda: None
+    fake.outer = lambda: fake.op()
+    fake.pull = lambda: fake.op()
+    fake.outer_with_pull = lambda: (fake.op(), fake.pull())
+    monkeypatch.setitem(sys.modules, "fake_within", fake)
+    monkeypatch.setitem(caller_cpu.WITHIN, "op", ("outer", "pull"))
+    tally = Tally()
+    for path in ("outer", "pull", "op"):
+        tally.wrap("fake_within", path, path)
+    fake.op()             # outside "outer": not counted
+    fake.outer()          # counted
+    fake.pull()           # not inside "outer"
+    tally.wrap("fake_within", "outer_with_pull", "outer")   # (a second way in)
+    fake.outer_with_pull()   # its own op counted, the pull's not
+    assert tally.calls["op"] == 2
+
+
+def test_the_operator_row_counts_a_gluon_forward_pass_operators():
+    import mxnet as mx
+    from mxnet import gluon
+    from benchmarks.caller_cpu import OPERATORS, resolve
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(4, activation="relu"), gluon.nn.Dense(2))
+    net.initialize()
+    x = mx.nd.ones((3, 5))
+    net(x)   # (the first call infers shapes: outside the tally)
+    wrapped = [t for t in TIMED if t[2] in (OPERATORS, "forward (the net's calls)")]
+    saved = [resolve(module, path) for module, path, _ in wrapped]
+    try:
+        tally = Tally()
+        for module, path, label in wrapped:
+            tally.wrap(module, path, label)
+        net(x)
+        mx.nd.ones((2,)) + 1   # outside the forward pass: not counted
+        assert tally.calls["forward (the net's calls)"] == 1
+        # FullyConnected, Activation, FullyConnected: every operator the net called
+        assert tally.calls[OPERATORS] == 3, dict(tally.calls)
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
