@@ -29,8 +29,9 @@ from typing import Optional, Tuple
 
 import numpy as np
 import mxnet as mx
-from mxnet.base import _LIB, check_call
+from mxnet.base import _LIB, NDArrayHandle, check_call
 from mxnet.ndarray import NDArray
+from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX, _STORAGE_TYPE_STR_TO_ID, _int64_enabled
 from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
 
 from .native import Helper
@@ -175,10 +176,37 @@ def _native_alloc():
 
 def empty_row_sparse(shape, dtype) -> RowSparseNDArray:
     """A new host row_sparse array of ``shape`` with no rows and no memory yet: an out for
-    a pull, which sizes it (``mx.nd.sparse.zeros`` runs an operator through the engine for
-    the same: 26 us of the caller's CPU against 7)."""
-    return RowSparseNDArray(_new_alloc_handle("row_sparse", tuple(shape), mx.cpu(), True,
-                                              np.dtype(dtype), [np.int64], [(0,)]))
+    a pull, which sizes it. The push makes one per table every step, so the C call's
+    arguments are built once per shape and dtype (``mx.nd.sparse.zeros`` runs an operator
+    through the engine for the same: 26 us of the caller's CPU; MXNet's
+    ``_new_alloc_handle``, which builds them each call, 17; this 5)."""
+    key = (tuple(shape), dtype)
+    args = _EMPTY_ARGS.get(key)
+    if args is None:
+        if len(_EMPTY_ARGS) >= 1024:   # (pulls of varying row counts: link.pull_rows)
+            _EMPTY_ARGS.clear()
+        args = _EMPTY_ARGS[key] = _empty_args(key[0], np.dtype(dtype))
+    handle = NDArrayHandle()
+    check_call(args[0](*args[1:], ctypes.byref(handle)))
+    return RowSparseNDArray(handle)
+
+
+#: ``empty_row_sparse``'s (C function, its arguments but the out handle), by (shape, dtype)
+_EMPTY_ARGS: dict = {}
+
+
+def _empty_args(shape: Tuple[int, ...], dtype: np.dtype) -> tuple:
+    """``MXNDArrayCreateSparseEx``'s arguments for a host row_sparse array of ``shape`` whose
+    memory waits for its rows (delayed allocation), with one int64 index of shape (0,):
+    what ``mx.nd.sparse``'s ``_new_alloc_handle`` passes for the same."""
+    wide = _int64_enabled()   # (MXNet built for int64 tensor sizes: the 64-bit call)
+    function = _LIB.MXNDArrayCreateSparseEx64 if wide else _LIB.MXNDArrayCreateSparseEx
+    dim, dims = (ctypes.c_int64, ctypes.c_int) if wide else (ctypes.c_uint, ctypes.c_uint)
+    int64 = int(_DTYPE_NP_TO_MX[np.int64])
+    return (function, ctypes.c_int(int(_STORAGE_TYPE_STR_TO_ID["row_sparse"])),
+            (dim * len(shape))(*shape), dims(len(shape)), ctypes.c_int(mx.cpu().device_typeid),
+            ctypes.c_int(0), ctypes.c_int(1), ctypes.c_int(int(_DTYPE_NP_TO_MX[dtype.type])),
+            ctypes.c_uint(1), (ctypes.c_int * 1)(int64), (ctypes.c_int * 1)(1), (dim * 1)(0))
 
 
 def host_row_sparse(rows: np.ndarray, ids: np.ndarray, shape, dtype) -> RowSparseNDArray:

@@ -160,6 +160,26 @@ def test_ids_that_are_not_whole_or_not_readable_in_place():
     assert ids_equal(mx.nd.array([2, 5]), ids.astype(np.int32)) is None
 
 
+def test_an_empty_row_sparse_array_is_mxnets_own_and_each_call_makes_a_new_one():
+    from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
+    for shape, dtype in [((12, 2), np.float32), ([7, 3, 2], np.float64), ((5, 4), np.float16)]:
+        want = RowSparseNDArray(_new_alloc_handle("row_sparse", tuple(shape), mx.cpu(), True,
+                                                  np.dtype(dtype), [np.int64], [(0,)]))
+        made, again = empty_row_sparse(shape, dtype), empty_row_sparse(shape, dtype)
+        assert made.handle.value != again.handle.value   # (the arguments are reused, not it)
+        for got in (made, again):
+            assert (got.shape, got.dtype, got.stype, got.context) == \
+                (want.shape, want.dtype, want.stype, want.context)
+            assert got.indices.dtype == np.int64 and got.indices.shape == (0,)
+            assert np.array_equal(got.asnumpy(), want.asnumpy())
+    rows = mx.nd.sparse.row_sparse_array((np.ones((1, 2), np.float32), np.array([3])),
+                                         shape=(12, 2))
+    made = empty_row_sparse((12, 2), np.float32)
+    rows.copyto(made)   # (sized by what writes it; the next one made is still empty)
+    assert made.indices.asnumpy().tolist() == [3]
+    assert empty_row_sparse((12, 2), np.float32).indices.shape == (0,)
+
+
 def test_rows_are_copied_by_mxnets_copy_from_to():
     assert _native_pull() is not None   # (a build that lost it must fail here)
     rows = mx.nd.sparse.row_sparse_array((np.arange(6, dtype=np.float32).reshape(3, 2),
