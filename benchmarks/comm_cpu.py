@@ -93,6 +93,7 @@ def on_communication_thread(thread: threading.Thread) -> bool:
 
 def worker(argv: List[str]) -> None:
     """One worker: wrap, train (``benchmarks.model_worker``), write ``comm-<pid>.json``."""
+    import mxnet as mx
     from . import model_worker
     from kvhybrid.tensor_collectives import engine
     args = model_worker.parse_args(argv)
@@ -102,13 +103,18 @@ def worker(argv: List[str]) -> None:
     for path, position in QUEUES:
         _wrap_queue(tally, engine, path, position)
     owner, name, step = resolve("mxnet.gluon", "Trainer.step")
-    # the threads' CPU at the warm-up's end and the last step (they end with the store)
+    # the threads' CPU at the warm-up's end and the last step (they end with the store),
+    # each read once the thread has run every job queued so far: in a loop that never
+    # waits (--waitall end) the caller's thread runs steps ahead of it, and a reading taken
+    # at once left out most of the timed steps' work (NMT: 470 us a step, where a master's jobs added up to 3000)
     seconds: Dict[int, float] = {}
 
     def counted_step(*a, **kw):
         try:
             return step(*a, **kw)
         finally:
+            if tally.steps + 1 in (args.warmup, args.steps):
+                mx.nd.waitall()   # (the jobs run in their queue's order: all before, too)
             tally.stepped()
             if tally.steps in (args.warmup, args.steps):
                 seconds[tally.steps] = cpu.thread_seconds()["communication"]
