@@ -106,7 +106,8 @@ def worker(argv: List[str]) -> None:
     # the threads' CPU at the warm-up's end and the last step (they end with the store),
     # each read once the thread has run every job queued so far: in a loop that never
     # waits (--waitall end) the caller's thread runs steps ahead of it, and a reading taken
-    # at once left out most of the timed steps' work (NMT: 470 us a step, where a master's jobs added up to 3000)
+    # at once left out most of the timed steps' work (NMT: 470 us a step, where a master's
+    # jobs added up to 3000)
     seconds: Dict[int, float] = {}
 
     def counted_step(*a, **kw):
