@@ -35,6 +35,10 @@ from .models import add_wrapped_worker_args, run_wrapped_workers
 
 log = logging.getLogger("benchmarks")
 
+#: the forward pass (Gluon's calls of the net), and the rows' pull inside it
+FORWARD = "forward (the net's calls)"
+ROWS = "  a sparse weight's rows (Gluon, then the store's row_sparse_pull)"
+
 #: the forward pass's operator calls into MXNet (shape inference, the engine push), the
 #: rows' pull left out: the same operators in every system, so what differs is what runs
 #: beside them
@@ -42,9 +46,8 @@ OPERATORS = "  the net's operators (each a call into MXNet; not the rows' pull)"
 
 #: (module, attribute path, label): what is timed; a label names the outermost call only
 TIMED = [
-    ("mxnet.gluon", "Block.__call__", "forward (the net's calls)"),
-    ("mxnet.gluon.parameter", "Parameter.row_sparse_data",
-     "  a sparse weight's rows (Gluon, then the store's row_sparse_pull)"),
+    ("mxnet.gluon", "Block.__call__", FORWARD),
+    ("mxnet.gluon.parameter", "Parameter.row_sparse_data", ROWS),
     ("mxnet.ndarray.register", "_imperative_invoke", OPERATORS),
     ("mxnet.ndarray", "NDArray.backward", "backward"),
     ("mxnet.gluon", "Trainer.step", "trainer.step"),   # (STEP)
@@ -87,8 +90,7 @@ TIMED = [
 STEP = "trainer.step"
 
 #: a label counted only inside one call and outside another: (inside, outside)
-WITHIN = {OPERATORS: ("forward (the net's calls)",
-                      "  a sparse weight's rows (Gluon, then the store's row_sparse_pull)")}
+WITHIN = {OPERATORS: (FORWARD, ROWS)}
 
 
 class Tally:
@@ -238,7 +240,7 @@ def segments(med: Dict, system: str) -> Dict[str, float]:
     calls = {k: v for k, v in us.items() if k.startswith(prefix + ":")}
     pulls = sum(v for k, v in calls.items() if "pull" in k and "pushpull" not in k)
     in_step = sum(v for k, v in calls.items() if "prefetch" not in k) - pulls
-    parts = {"forward (the model)": us.get("forward (the net's calls)", 0.0) - pulls,
+    parts = {"forward (the model)": us.get(FORWARD, 0.0) - pulls,
              "backward": us.get("backward", 0.0),
              "trainer.step (the Trainer)": us.get("trainer.step", 0.0) - in_step}
     parts.update(calls)

@@ -84,13 +84,13 @@ def test_a_label_within_another_counts_only_inside_it_and_outside_the_third(monk
 def test_the_operator_row_counts_a_gluon_forward_pass_operators():
     import mxnet as mx
     from mxnet import gluon
-    from benchmarks.caller_cpu import OPERATORS, resolve
+    from benchmarks.caller_cpu import FORWARD, OPERATORS, resolve
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(4, activation="relu"), gluon.nn.Dense(2))
     net.initialize()
     x = mx.nd.ones((3, 5))
     net(x)   # (the first call infers shapes: outside the tally)
-    wrapped = [t for t in TIMED if t[2] in (OPERATORS, "forward (the net's calls)")]
+    wrapped = [t for t in TIMED if t[2] in (OPERATORS, FORWARD)]
     saved = [resolve(module, path) for module, path, _ in wrapped]
     try:
         tally = Tally()
@@ -98,7 +98,7 @@ def test_the_operator_row_counts_a_gluon_forward_pass_operators():
             tally.wrap(module, path, label)
         net(x)
         mx.nd.ones((2,)) + 1   # outside the forward pass: not counted
-        assert tally.calls["forward (the net's calls)"] == 1
+        assert tally.calls[FORWARD] == 1
         # FullyConnected, Activation, FullyConnected: every operator the net called
         assert tally.calls[OPERATORS] == 3, dict(tally.calls)
     finally:
