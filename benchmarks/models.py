@@ -147,6 +147,8 @@ def run_system(args, model: str, name: str, tokens: int, tmp: str) -> dict:
     # CPU ms per step of each worker's threads, by role: the mean over the workers
     result["cpu_ms_per_step"] = {k: statistics.mean(r["cpu_ms_per_step"][k] for r in readings)
                                  for k in readings[0]["cpu_ms_per_step"]} if readings else {}
+    queued = [r["queued_fraction"] for r in readings if r.get("queued_fraction") is not None]
+    result["queued_fraction"] = statistics.mean(queued) if queued else None
     machines = args.hosts or args.workers
     result["table3_per_host"] = table3("dense" if all_ar or system == "horovod" else "rows",
                                        result["dense_bytes"], result["table_bytes"],
@@ -182,6 +184,18 @@ def ratio_table(results: Dict[str, Dict[str, dict]], steps: int,
                          f"{r['words_per_second']:,.0f} | {vs} | {r['loss']:.5f} | {mb} | "
                          f"{cpu_} |")
     return "\n".join(lines)
+
+
+def queued_sentence(results: Dict[str, Dict[str, dict]]) -> str:
+    """How soon the callers' threads had queued the timed steps in a loop that never waits
+    (``queued_fraction``, mean over the workers), per model and system: where it is well
+    below 1 the caller's thread ran ahead of MXNet's engine and waited at the end, and its
+    CPU did not bound the step."""
+    parts = [f"{model} {name} {r['queued_fraction']:.0%}" for model, systems in results.items()
+             for name, r in systems.items() if r.get("queued_fraction") is not None]
+    return ("the callers' threads had queued every timed step after this share of the "
+            "timed window: " + ", ".join(parts)) if parts else \
+        "the callers' threads' share of the timed window was not recorded"
 
 
 def bytes_table(results: Dict[str, Dict[str, dict]], where: str) -> str:
@@ -325,7 +339,7 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "the median throughput"
         + ("" if getattr(args, "waitall", "step") == "step" else
            " (the workers waited for MXNet's engine once, after the last step: a step is the "
-           "timed steps' time ÷ their number)")
+           "timed steps' time ÷ their number; " + queued_sentence(results) + ")")
         + ". kvhybrid ÷ this: "
         "throughput ratio of the same round's runs, median over the rounds (range). Loss: on "
         "one fixed batch after the run (synchronous systems take the same steps). MB: what "

@@ -113,6 +113,9 @@ def test_models_benchmark_times_a_loop_that_never_waits(tmp_path):
     assert max(losses) - min(losses) <= 1e-4 * abs(losses[0]), systems
     assert all(r["step_seconds"] > 0 and r["waitall"] == "end" for r in systems.values())
     assert "waited for MXNet's engine once, after the last step" in table
+    # each system says how soon its callers' threads had queued the timed steps
+    assert all(0 < r["queued_fraction"] <= 1 for r in systems.values()), systems
+    assert "had queued every timed step after this share" in table
 
 
 def test_load_benchmark_samples_every_process_of_both_shapes(tmp_path):
