@@ -114,10 +114,11 @@ def worker(argv: List[str]) -> None:
         try:
             return step(*a, **kw)
         finally:
-            if tally.steps + 1 in (args.warmup, args.steps):
+            read = tally.steps + 1 in (args.warmup, args.steps)   # (this step ends a window)
+            if read:
                 mx.nd.waitall()   # (the jobs run in their queue's order: all before, too)
             tally.stepped()
-            if tally.steps in (args.warmup, args.steps):
+            if read:
                 seconds[tally.steps] = cpu.thread_seconds()["communication"]
 
     setattr(owner, name, counted_step)

@@ -147,12 +147,13 @@ def main(argv=None) -> None:
             times.append(end - start)
             phases.append((forward - start, stepping - forward, waiting - stepping,
                            end - waiting))
-    # what share of the timed window the caller's thread took to queue the timed steps: in a
-    # loop that never waits it runs ahead of MXNet's engine and then waits in the last
-    # waitall, so its CPU is not the step's bound there
-    queued = (waiting - timed_start) / (end - timed_start) if args.waitall == "end" else None
+    queued = None
     if args.waitall == "end":   # (no step's time is its own: each is the mean)
         times = [(end - timed_start) / len(times)] * len(times)
+        # the share of the timed window the caller's thread took to queue the timed steps:
+        # it runs ahead of MXNet's engine, then waits in the last waitall, so its CPU is
+        # not the step's bound here
+        queued = (waiting - timed_start) / (end - timed_start)
     wire_end = interface_counters()
     timed = args.steps - args.warmup
     cpu_ms = cpu.per_step_ms(cpu_start, cpu.thread_seconds(), timed)
