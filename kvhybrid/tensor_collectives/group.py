@@ -12,6 +12,7 @@ import mxnet as mx
 from ..errors import KeyValueError, explain
 from .algorithms import Algorithms
 from .host_barrier import HostBarrier
+from .meeting_rows import MeetingRows
 from .mpi_env import load_mpi
 from .watchdog import Watchdog, install_abort_on_uncaught_exception
 
@@ -71,6 +72,8 @@ class Group:
         #: meeting instead, an elastic client's MPI_Comm_split_type failed (MPI_ERR_INTERN,
         #: Open MPI 4) while its other threads ran collectives
         self._barrier = HostBarrier.make(self) if self.size > 1 else None
+        #: the slots of the rows' gathers and scatters made in the meeting (``meeting_rows``)
+        self._meeting_rows = MeetingRows(self) if self._barrier is not None else None
 
     def meet(self, digest: int = 0) -> bool:
         """Sleep until every rank of the group is here, where they all share a host
@@ -116,6 +119,16 @@ class Group:
             details = self.comm.allgather((what, local_error, call))
         agreed = next((w for w, _, _ in details if w), "a collective")
         raise KeyValueError(explain(agreed, [(e, c) for _, e, c in details]))
+
+    def meeting_rows(self) -> Optional[MeetingRows]:
+        """The slots of the rows' gathers and scatters made in the host barrier's meeting
+        (``meeting_rows.py``), or None where the group has no host barrier."""
+        return self._meeting_rows
+
+    @property
+    def meetings(self) -> int:
+        """The host barrier's meetings so far (the same count on every rank; 0 without one)."""
+        return self._barrier.meetings if self._barrier is not None else 0
 
     @property
     def meets_on_host(self) -> bool:

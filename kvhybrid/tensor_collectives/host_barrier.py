@@ -1,7 +1,8 @@
 """A barrier whose waiting ranks sleep in the kernel, for a group whose ranks share a host.
 
 The store's patient collectives (agreements, the engine path's small sums, the rows'
-gathers and scatters) wait for ranks that are still computing. MPI's own waits spin, and
+gathers and scatters: the last two made in the meeting itself, ``meeting_sum.py`` and
+``meeting_rows.py``) wait for ranks that are still computing. MPI's own waits spin, and
 ``ops.wait_patiently`` polls between short sleeps: a wait of a few milliseconds wakes some
 twenty times, and on a host with fewer cores than busy threads each wake takes CPU from the
 rank being waited for (the communication thread cost 1.2 ms of CPU a step on the LM with 2
@@ -81,6 +82,8 @@ class HostBarrier:
         self._arrive, self._sleep, self._announce = functions
         #: one-to-many collectives so far (every rank counts the same)
         self._heard = 0
+        #: meetings so far (every rank counts the same)
+        self.meetings = 0
 
     @classmethod
     def make(cls, group) -> Optional["HostBarrier"]:
@@ -120,6 +123,7 @@ class HostBarrier:
         (a view, valid until the generation after next, which needs this rank to arrive)."""
         seen = self._arrive(self._address, self._parties, self._rank, digest)
         self._sleep_until(_GENERATION, seen + 1)
+        self.meetings += 1
         return self._digests[seen & 1]
 
     def from_root(self, is_root: bool) -> None:

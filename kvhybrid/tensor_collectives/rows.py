@@ -8,7 +8,8 @@
   it pushes, and hands each rank the rows it asked for after it pulls; the ranks
   waiting for the master wait without spinning. Both send one message per rank
   however many arrays it carries (``scatter_bytes``: several keys' rows and a verdict
-  at once).
+  at once), through the host's shared memory where the ranks share one
+  (``meeting_rows.py``).
 """
 from __future__ import annotations
 
@@ -78,24 +79,33 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     without a copy). Position i holds one dtype and one row shape on every rank; the
     lengths may differ.
 
-    ``comm.gather`` would pickle, and its ranks would spin until the root arrives: on a host
-    with more processes than cores they take the CPU from the ranks still computing (the
-    root waits for the slowest backward pass). Here the lengths travel in one ``Igather``
-    and every array of a rank, packed as bytes, in one ``Igatherv`` (one message per rank
-    however many arrays); the ranks that only send post both at once and wait for them
-    without spinning (``wait_all_patiently``). The root waits without spinning too, after
-    a first 50 us of tests that answer it at once when the others are there: its blocking
-    waits spun on the caller's thread for the slowest backward pass (a third of an NMT
-    master's gather CPU on 2 cores)."""
+    Where the ranks share a host, the host barrier's meeting carries them
+    (``meeting_rows.py``). Elsewhere (or for a message too large for its slot) ``comm.gather``
+    would pickle, and its ranks would spin until the root arrives: on a host with more
+    processes than cores they take the CPU from the ranks still computing (the root waits
+    for the slowest backward pass). There the lengths travel in one ``Igather`` and every
+    array of a rank, packed as bytes, in one ``Igatherv`` (one message per rank however
+    many arrays); the ranks that only send post both at once and wait for them without
+    spinning (``wait_all_patiently``). The root waits without spinning too, after a first
+    50 us of tests that answer it at once when the others are there: its blocking waits
+    spun on the caller's thread for the slowest backward pass (a third of an NMT master's
+    gather CPU on 2 cores)."""
     comm, is_root = group.comm, group.rank == root
     counts = np.array([len(a) for a in arrays], dtype=np.int64)
     units = np.array([a.dtype.itemsize * math.prod(a.shape[1:]) for a in arrays], np.int64)
-    packed = np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-                             for a in arrays])
-    table = np.empty((group.size, len(arrays)), dtype=np.int64) if is_root else None
+    exchange = group.meeting_rows()
     with group.watchdog.waiting(lambda: f"the gather of {name} on group {group.name} of "
                                         f"{group.size} ranks"):
-        group.meet()
+        if exchange is not None:   # (its meeting is the group's: none follows)
+            in_slots, gathered = exchange.gather(arrays, counts, units, root)
+            if in_slots:
+                group.bytes_sent["rows"] += int(counts @ units)
+                return gathered
+        packed = np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                                 for a in arrays])
+        table = np.empty((group.size, len(arrays)), dtype=np.int64) if is_root else None
+        if exchange is None:
+            group.meet()
         first = comm.Igather(counts, table, root=root)
         if is_root:   # the lengths first: they size the receive buffer
             wait_patiently(first)
@@ -147,19 +157,27 @@ def scatter_bytes(packed: Optional[Tuple[np.ndarray, np.ndarray]], out: np.ndarr
     """Rank r gets its part of the root's ``packed`` (bytes, each rank's byte count: see
     ``pack_messages``, or built in place by the caller) into ``out`` (C-contiguous, as many
     bytes as rank r's part). One message to each rank however many arrays it carries (a
-    push's verdict and every table's rows). Every rank, the root too, waits without
-    spinning: the root only goes on to its own copy, and spinning would take the CPU from
-    the ranks it waits for."""
+    push's verdict and every table's rows): in the host's shared memory where the ranks
+    share one (``meeting_rows.py``), else by MPI's ``Iscatterv``. Every rank, the root too,
+    waits without spinning: the root only goes on to its own copy, and spinning would take
+    the CPU from the ranks it waits for."""
     received = out.reshape(-1).view(np.uint8)
+    exchange = group.meeting_rows()
+    in_slots = exchange is not None and exchange.may_scatter()
     with group.watchdog.waiting(lambda: f"rank {root} to hand out {name} on group "
                                         f"{group.name}"):
         if group.rank == root:
             send, sizes = packed
+            if in_slots and exchange.put(send, sizes, received, root):
+                group.from_root(root)
+                return out
             request = group.comm.Iscatterv([send, sizes], received, root=root)
             group.from_root(root)
             wait_patiently(request)
         else:
             group.from_root(root)
+            if in_slots and exchange.take(received):
+                return out
             wait_patiently(group.comm.Iscatterv(None, received, root=root))
     return out
 

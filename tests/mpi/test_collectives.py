@@ -4,7 +4,8 @@ dtypes float16/32/64, int32/64, uint8; sizes 0, 1, odd, not divisible by the
 number of ranks; 1 and 2 devices per rank; the zero-copy host path and the
 staging path that arrays on an accelerator take; and the store's fused pushpull of many keys
 in one call (several buckets, mixed dtypes, in place and into out); and the row exchange
-of a group master, whose messages pack several arrays of mixed dtypes.
+of a group master, whose messages pack several arrays of mixed dtypes (in the host's shared
+memory, and by MPI where a message does not fit or a rank may still read its slot).
 """
 import json
 
@@ -51,3 +52,18 @@ def test_row_exchange_packs_arrays_of_mixed_dtypes_into_one_message_each_way(res
                             "rows-gather-position2", "rows-gather_elsewhere_none",
                             "rows-scatter"], sorted(rows)
     assert all(r["ok"] for r in rows.values()), rows
+
+
+def test_row_exchange_goes_through_shared_memory_and_by_mpi_where_it_must(results):
+    """On one host the gathers and scatters go through the meeting's slots, round after
+    round (both sets of gather slots in turn); a rank's message larger than its slot sends
+    every rank's by MPI, and so does a scatter with no meeting since the last one (a rank
+    may still read its slot). Every way delivers the same bytes; every rank took the same."""
+    assert all(results[f"slots-{case}"]["ok"] for case in (
+        "round1", "round2", "round3", "too_big", "scatter-first-in-a-row",
+        "scatter-second-in-a-row")), {n: r for n, r in results.items() if n.startswith("slots-")}
+    paths = results["slots-paths"]
+    assert paths["ok"], "the ranks took different ways"
+    in_slots = [{"gather": 1, "scatter": 1}, {"gather": 0, "scatter": 0}]
+    by_mpi = [{"gather": 0, "scatter": 0}, {"gather": 1, "scatter": 1}]
+    assert paths["paths"] == [in_slots] * 3 + [by_mpi] + [{"by_mpi_in_a_row": 1}], paths

@@ -59,6 +59,14 @@ def test_no_rank_leaves_the_barrier_before_the_last_arrives(tmp_path, ranks):
     for words in ["differs between ranks",
                   *[f"rank {r} called the test's sum on rank {r}" for r in range(ranks)]]:
         assert words in text, text
+    # rank 0 gathered rows in the meeting (meeting_rows.py) where the others met for
+    # another collective: every rank raised the same error
+    gathered = {g["gather_mixed"] for g in got}
+    assert len(gathered) == 1 and None not in gathered, gathered
+    text = gathered.pop()
+    for words in ["differs between ranks",
+                  *[f"rank {r} called the test's sum on rank {r}" for r in range(ranks)]]:
+        assert words in text, text
 
 
 def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
@@ -72,3 +80,4 @@ def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
     assert all(g["brought"] is None for g in got)
     assert all(g["verdicts"] == [False, True] for g in got)   # (by an allreduce then)
     assert all(g["meeting_sums"] is None for g in got)   # (small sums go to MPI then)
+    assert all(g["gather_mixed"] is None for g in got)

@@ -1,5 +1,6 @@
 """allreduce / broadcast of NDArray tensors against numpy, for many dtypes and sizes, and the
-master's row exchange (a packed gather and a packed message to each rank).
+master's row exchange (a packed gather and a packed message to each rank), in the host's
+shared memory and by MPI.
 
 argv: OUT_JSON. Each case: every rank builds rank-specific data, runs the
 collective, and records the max error against numpy's result.
@@ -114,24 +115,79 @@ def message_bytes(r):
     return np.concatenate([a.reshape(-1).view(np.uint8) for a in message(r)])
 
 
-gathered = gather_patiently(rank_arrays(rank), group, root=0, name="the test's rows")
-got = scatter_bytes(pack_messages([message(r) for r in range(size)]) if rank == 0 else None,
-                    np.empty(len(message_bytes(rank)), np.uint8), group,
-                    name="the test's messages")
-mine = {"scatter": bool(got.dtype == np.uint8 and np.array_equal(got, message_bytes(rank))),
-        "gather_elsewhere_none": rank == 0 or gathered is None}
-everyone = group.comm.gather(mine, root=0)
+def exchange(arrays_of, message_of, name):
+    """One gather of ``arrays_of(rank)`` and one scatter of ``message_of(r)`` to each rank r:
+    (the root's gathered arrays, whether each rank's checks held, gathered from every rank)."""
+    gathered = gather_patiently(arrays_of(rank), group, root=0, name=name)
+    want = np.concatenate([a.reshape(-1).view(np.uint8) for a in message_of(rank)])
+    got = scatter_bytes(pack_messages([message_of(r) for r in range(size)]) if rank == 0
+                        else None, np.empty(len(want), np.uint8), group, name=name)
+    mine = {"scatter": bool(got.dtype == np.uint8 and np.array_equal(got, want)),
+            "gather_elsewhere_none": rank == 0 or gathered is None}
+    return gathered, group.comm.gather(mine, root=0)
+
+
+def gathered_right(gathered, arrays_of, positions):
+    ok = True
+    for i in range(positions):
+        whole, counts = gathered[i]
+        parts = [arrays_of(r)[i] for r in range(size)]
+        want = np.concatenate(parts)
+        ok = ok and (whole.dtype == want.dtype and whole.shape == want.shape
+                     and np.array_equal(whole, want) and list(counts) == [len(p) for p in parts])
+    return bool(ok)
+
+
+gathered, everyone = exchange(rank_arrays, message, "the test's rows")
 if rank == 0:
     for i in range(3):
-        whole, counts = gathered[i]
-        parts = [rank_arrays(r)[i] for r in range(size)]
-        want = np.concatenate(parts)
-        ok = (whole.dtype == want.dtype and whole.shape == want.shape
-              and np.array_equal(whole, want) and list(counts) == [len(p) for p in parts])
-        results[f"rows-gather-position{i}"] = {"err": 0.0 if ok else 1.0, "ok": bool(ok)}
+        ok = gathered_right([gathered[i]], lambda r: rank_arrays(r)[i:], 1)
+        results[f"rows-gather-position{i}"] = {"err": 0.0 if ok else 1.0, "ok": ok}
     for what in ("scatter", "gather_elsewhere_none"):
         ok = all(m[what] for m in everyone)
         results[f"rows-{what}"] = {"err": 0.0 if ok else 1.0, "ok": ok}
+
+# The same through the host's shared memory (meeting_rows.py: this job's ranks share one):
+# rounds in a row (both sets of gather slots in turn), a rank whose message does not fit its
+# slot (every rank's goes by MPI then), and a scatter with no meeting since the last one (by
+# MPI: a rank may still be reading its slot). Records which way each went.
+slots = group.meeting_rows()
+big = slots.capacity // 4 + 1   # float32s: more than one slot
+
+
+def too_big(r):   # rank 1's gather and its message from the root do not fit
+    return [np.arange(big if r == 1 else 3, dtype=np.float32) + r]
+
+
+paths = []
+for label, arrays_of, message_of in [("round1", rank_arrays, message),
+                                     ("round2", rank_arrays, message),
+                                     ("round3", rank_arrays, message),
+                                     ("too_big", too_big, too_big)]:
+    before = (dict(slots.in_slots), dict(slots.by_mpi))
+    gathered, everyone = exchange(arrays_of, message_of, f"the test's {label}")
+    paths.append([{k: d[k] - b[k] for k in d} for d, b in zip((slots.in_slots, slots.by_mpi),
+                                                               before)])
+    if rank == 0:
+        ok = gathered_right(gathered, arrays_of, len(arrays_of(0))) and \
+            all(m["scatter"] and m["gather_elsewhere_none"] for m in everyone)
+        results[f"slots-{label}"] = {"err": 0.0 if ok else 1.0, "ok": ok}
+# two scatters with no meeting between: the first in the slots (a meeting just now), the
+# second by MPI
+group.meet()
+before = dict(slots.by_mpi)
+for label in ("first", "second"):
+    got = scatter_bytes(pack_messages([message(r) for r in range(size)]) if rank == 0 else None,
+                        np.empty(sum(a.nbytes for a in message(rank)), np.uint8), group,
+                        name=f"the test's {label} scatter in a row")
+    ok = all(group.comm.allgather(bool(np.array_equal(
+        got, np.concatenate([a.reshape(-1).view(np.uint8) for a in message(rank)])))))
+    results[f"slots-scatter-{label}-in-a-row"] = {"err": 0.0 if ok else 1.0, "ok": ok}
+paths.append({"by_mpi_in_a_row": slots.by_mpi["scatter"] - before["scatter"]})
+everyone = group.comm.gather(paths, root=0)
+if rank == 0:
+    results["slots-paths"] = {"err": 0.0, "ok": all(p == everyone[0] for p in everyone),
+                              "paths": everyone[0]}
 
 if rank == 0:
     with open(sys.argv[1], "w") as f:

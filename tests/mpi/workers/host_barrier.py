@@ -3,7 +3,7 @@ arrived, the others of a one-to-many collective only once its root posted, every
 learns whether all brought the same digest (``meet_agreeing``) and what each brought
 (``meet_bringing``: a check of prefetched rows decides there), small sums are made in the
 meeting itself (``meeting_sum.py``), a rank that meets for another collective while others
-agree on a call, check their rows or sum raises with them, and the ranks agree on whether
+agree on a call, check their rows, sum or gather rows raises with them, and the ranks agree on whether
 to use it at all.
 
 argv: OUT [RANK_WITHOUT]. RANK_WITHOUT: a rank that turns the barrier off
@@ -25,6 +25,7 @@ from kvhybrid.kvstore.row_exchange import PullCheck
 from kvhybrid.tensor_collectives import meeting_sum
 from kvhybrid.tensor_collectives.group import Group, GroupSettings
 from kvhybrid.tensor_collectives.ops import allreduce_patiently, broadcast_view
+from kvhybrid.tensor_collectives.rows import gather_patiently
 
 out = Path(sys.argv[1])
 without = int(sys.argv[2]) if len(sys.argv) > 2 else -1
@@ -135,6 +136,19 @@ if group.meets_on_host:
                 group.meet()
     except KeyValueError as exc:
         record["sum_mixed"] = str(exc)
+
+# rank 0 gathers rows in the meeting (meeting_rows.py) where the others meet for another
+# collective: all raise at once
+record["gather_mixed"] = None
+if group.meets_on_host:
+    try:
+        with group.watchdog.waiting(f"the test's sum on rank {rank}"):
+            if rank == 0:
+                gather_patiently([np.arange(3)], group, name="the test's rows")
+            else:
+                group.meet()
+    except KeyValueError as exc:
+        record["gather_mixed"] = str(exc)
 
 (out / f"rank{rank}.json").write_text(json.dumps(record))
 group.close()
