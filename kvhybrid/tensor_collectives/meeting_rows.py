@@ -24,9 +24,10 @@ Why no rank overwrites what another still reads:
 
 The window is made at the group's first gather, once its meeting found every rank there
 (that gather goes by MPI). A rank whose message does not fit its slot (``capacity``) brings
-that to the meeting, and then every rank's part goes by MPI as before; the root tells the others in a word of the
-window whether a scatter lies in the slots or follows by MPI. A rank that meets for another
-collective raises, and so does every other rank (``Group.meet``'s rule).
+that to the meeting, and then every rank's part goes by MPI as before; the root tells the
+others in a word of the window whether a scatter lies in the slots or follows by MPI. A rank
+that meets for another collective raises, and so does every other rank (``Group.meet``'s
+rule).
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class MeetingRows:
         #: [parity][rank]: what each rank leaves for the root's gather of that parity; [rank]:
         #: what the root leaves for each rank's scatter; a word: 1 where the root left the
         #: scatter in the slots, 0 where MPI brings it (None until the first gather: ``_make``)
-        self._gather = self._scatter = self._in_slots = None
+        self._gather = self._scatter = self._scatter_word = None
         self._gathers = 0
         #: the group's meeting count at the last scatter (``may_scatter``)
         self._scattered_at: Optional[int] = None
@@ -89,7 +90,7 @@ class MeetingRows:
         memory = np.frombuffer(buf, dtype=np.uint8, count=total)
         slots = memory[:-64].reshape(3, size, self.capacity)
         self._gather, self._scatter = slots[:2], slots[2]
-        self._in_slots = memory[-64:-56].view(np.int64)
+        self._scatter_word = memory[-64:-56].view(np.int64)
         self.win = win   # (keeps the memory mapped)
         windows.register(f"{group.key}/meeting-rows", win, group.comm)
 
@@ -151,7 +152,7 @@ class MeetingRows:
         its slot, the root's own into ``received``, and whether they fit (else nothing is
         written and MPI brings them). Call before ``Group.from_root``."""
         fits = bool((sizes <= self.capacity).all())
-        self._in_slots[0] = int(fits)
+        self._scatter_word[0] = int(fits)
         if not fits:
             self.by_mpi["scatter"] += 1
             return False
@@ -166,7 +167,7 @@ class MeetingRows:
     def take(self, received: np.ndarray) -> bool:
         """A rank's scatter, once the root woke it: its message into ``received``, or False
         where MPI brings it."""
-        if not self._in_slots[0]:
+        if not self._scatter_word[0]:
             self.by_mpi["scatter"] += 1
             return False
         received[:] = self._scatter[self._rank, :received.nbytes]

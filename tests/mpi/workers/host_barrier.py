@@ -3,8 +3,8 @@ arrived, the others of a one-to-many collective only once its root posted, every
 learns whether all brought the same digest (``meet_agreeing``) and what each brought
 (``meet_bringing``: a check of prefetched rows decides there), small sums are made in the
 meeting itself (``meeting_sum.py``), a rank that meets for another collective while others
-agree on a call, check their rows, sum or gather rows raises with them, and the ranks agree on whether
-to use it at all.
+agree on a call, check their rows, sum or gather rows raises with them, and the ranks agree
+on whether to use it at all.
 
 argv: OUT [RANK_WITHOUT]. RANK_WITHOUT: a rank that turns the barrier off
 (KVHYBRID_HOST_BARRIER=0), which must turn it off on every rank. Rank r writes
