@@ -57,9 +57,19 @@ def capacity(ranks: int) -> int:
     return max(64 * 2**10, min(CAPACITY, fits))
 
 
-def _aligned(nbytes: int) -> int:
-    """``nbytes`` rounded up to 8: each array of a slot starts on a word."""
-    return (nbytes + 7) & ~7
+def by_position(arrays: Sequence[np.ndarray], table: np.ndarray, units: np.ndarray,
+                messages: Sequence[np.ndarray]) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The root's result of a gather (``rows.gather_patiently``, in the slots or by MPI) from
+    each rank's message (``messages[r]``: its arrays' bytes back to back; ``table[r]``: their
+    lengths): for each position, the ranks' arrays concatenated in rank order (a new array)
+    and their lengths."""
+    out, offsets = [], [0] * len(messages)
+    for i, a in enumerate(arrays):   # each position's parts, rank after rank
+        lengths = (table[:, i] * units[i]).tolist()
+        whole = np.concatenate([m[o:o + n] for m, o, n in zip(messages, offsets, lengths)])
+        out.append((whole.view(a.dtype).reshape((-1,) + a.shape[1:]), table[:, i]))
+        offsets = [o + n for o, n in zip(offsets, lengths)]
+    return out
 
 
 class MeetingRows:
@@ -103,16 +113,16 @@ class MeetingRows:
         parity = self._gathers & 1
         self._gathers += 1
         header = 8 * len(arrays)
-        sizes = [int(c * u) for c, u in zip(counts, units)]
+        sizes = counts * units
         made = self._gather is not None   # (the first gather makes the slots: by MPI)
-        fits = made and header + sum(_aligned(s) for s in sizes) <= self.capacity
-        if fits:
+        fits = made and header + int(sizes.sum()) <= self.capacity
+        if fits:   # (the lengths, then the arrays' bytes back to back, as MPI's message)
             slot = self._gather[parity, self._rank]
             slot[:header].view(np.int64)[:] = counts
             at = header
-            for a, nbytes in zip(arrays, sizes):
+            for a, nbytes in zip(arrays, sizes.tolist()):
                 slot[at:at + nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-                at += _aligned(nbytes)
+                at += nbytes
         group = self._group
         brought = group.meet_bringing(GATHER_MEETING | (FITS if fits else 0))
         if ((brought & ~FITS) != GATHER_MEETING).any():   # a rank met for another collective
@@ -127,14 +137,8 @@ class MeetingRows:
             return True, None
         parts = self._gather[parity]
         table = np.stack([parts[r, :header].view(np.int64) for r in range(self._size)])
-        out, offsets = [], np.full(self._size, header, np.int64)
-        for i, a in enumerate(arrays):   # each position's parts, rank after rank
-            lengths = table[:, i] * units[i]
-            whole = np.concatenate([parts[r, o:o + n] for r, (o, n)
-                                    in enumerate(zip(offsets.tolist(), lengths.tolist()))])
-            out.append((whole.view(a.dtype).reshape((-1,) + a.shape[1:]), table[:, i]))
-            offsets += (lengths + 7) & ~7
-        return True, out
+        return True, by_position(arrays, table, units,
+                                 [parts[r, header:] for r in range(self._size)])
 
     def may_scatter(self) -> bool:
         """Whether the next scatter may use the slots: the group met since the last one (the

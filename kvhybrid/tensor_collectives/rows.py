@@ -21,6 +21,7 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from .group import Group
+from .meeting_rows import by_position
 from .native import Helper
 from .ndarray_view import host_row_sparse, host_view, is_host, row_sparse_ids
 from .ops import wait_all_patiently, wait_patiently
@@ -117,13 +118,7 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     group.bytes_sent["rows"] += packed.nbytes
     if not is_root:
         return None
-    out, offsets = [], np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    for i, a in enumerate(arrays):   # each position's parts, rank after rank
-        lengths = table[:, i] * units[i]
-        whole = np.concatenate([buf[o:o + n] for o, n in zip(offsets, lengths)])
-        out.append((whole.view(a.dtype).reshape((-1,) + a.shape[1:]), table[:, i]))
-        offsets = offsets + lengths
-    return out
+    return by_position(arrays, table, units, np.split(buf, np.cumsum(sizes)[:-1]))
 
 
 def by_rank(whole: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:
