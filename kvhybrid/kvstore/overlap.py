@@ -40,7 +40,7 @@ import numpy as np
 import mxnet as mx
 from mxnet.ndarray import NDArray
 
-from ..tensor_collectives.engine import EngineComm
+from ..tensor_collectives.engine import EngineArrays, EngineComm
 from ..tensor_collectives.group import Group
 from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
@@ -82,6 +82,8 @@ class EngineBucket:
         self.dtype = items[0].slot.dtype
         self.count = sum(it.slot.count for it in items)
         self.weights: Optional[_Weights] = None   # with an optimizer: see _update
+        #: (weights, whether the allreduce updates, its EngineArrays): ``_engine_arrays``
+        self.engine_arrays: Optional[tuple] = None
         # the memory MPI reduces. Wait first: MXNet allocates an op's output when the engine
         # runs the op, and a pointer taken before that may point to memory it then replaces
         buffer.wait_to_read()
@@ -334,10 +336,8 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
         group.fused_calls += 1
         group.fused_in_place += bucket.in_place
 
-    mutated = [bucket.buffer] + \
-        (weights.flat.buffers + (weights.written or []) if update is not None else [])
-    comm.submit(bucket.name, mutated, allreduce, priority,
-                reads=[bucket.source] if source is not None else ())
+    comm.submit(bucket.name, _engine_arrays(bucket, weights, update is not None), allreduce,
+                priority)
     if weights is not None:
         _update(bucket, weights, updated=update is not None)
         return
@@ -346,6 +346,20 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
         for d, arr in enumerate(dst):
             if not (bucket.in_place and d == 0):
                 it.total.copyto(arr)
+
+
+def _engine_arrays(bucket: EngineBucket, weights: Optional[_Weights],
+                   updates: bool) -> EngineArrays:
+    """What the bucket's allreduce mutates (its buffer; where it ``updates``, the weights,
+    momenta and outs too) and reads (the gradients it copies in), laid out once for these
+    ``weights``."""
+    kept = bucket.engine_arrays
+    if kept is None or kept[0] is not weights or kept[1] != updates:
+        mutated = [bucket.buffer] + \
+            (weights.flat.buffers + (weights.written or []) if updates else [])
+        reads = [bucket.source] if bucket.source_view is not None else []
+        kept = bucket.engine_arrays = (weights, updates, EngineArrays(mutated, reads))
+    return kept[2]
 
 
 def _weights(bucket: EngineBucket, updater) -> _Weights:
