@@ -82,7 +82,7 @@ class EngineBucket:
         self.dtype = items[0].slot.dtype
         self.count = sum(it.slot.count for it in items)
         self.weights: Optional[_Weights] = None   # with an optimizer: see _update
-        #: (weights, whether the allreduce updates, its EngineArrays): ``_engine_arrays``
+        #: (weights, its allreduce's EngineArrays for them): ``_engine_arrays``
         self.engine_arrays: Optional[tuple] = None
         # the memory MPI reduces. Wait first: MXNet allocates an op's output when the engine
         # runs the op, and a pointer taken before that may point to memory it then replaces
@@ -243,6 +243,8 @@ class _Weights:
         #: the outs the bucket's allreduce writes itself, after its C++ update (no
         #: operator pushed), else None
         self.written = _host_outs(bucket, self.flat, dsts)
+        #: whether the bucket's allreduce makes the update itself (the C++ SGD, see ``_sum``)
+        self.in_allreduce = self.flat is not None and self.flat.kernel is not None
         self.outs = [d[0] for d in dsts] if self.written is None \
             and _one_copy(self.values, dsts) else None
         self.copy_out = multicast(self.values, self.outs) if self.outs is not None else None
@@ -319,8 +321,7 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
     agreeing = f"the ranks to agree on {agreement.what}, then " if agreement else ""
     weights = _weights(bucket, updater) if updater is not None else None
     # a small bucket's SGD is made by its allreduce, right after the sum (flat_update.py)
-    update = weights.flat.prepare() \
-        if weights is not None and weights.flat is not None and weights.flat.kernel else None
+    update = weights.flat.prepare() if weights is not None and weights.in_allreduce else None
 
     def allreduce() -> None:   # on the communication thread: the only one using group.comm
         if source is not None:   # (the gradients, which stay as backward wrote them)
@@ -336,8 +337,7 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
         group.fused_calls += 1
         group.fused_in_place += bucket.in_place
 
-    comm.submit(bucket.name, _engine_arrays(bucket, weights, update is not None), allreduce,
-                priority)
+    comm.submit(bucket.name, _engine_arrays(bucket, weights), allreduce, priority)
     if weights is not None:
         _update(bucket, weights, updated=update is not None)
         return
@@ -348,18 +348,17 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
                 it.total.copyto(arr)
 
 
-def _engine_arrays(bucket: EngineBucket, weights: Optional[_Weights],
-                   updates: bool) -> EngineArrays:
-    """What the bucket's allreduce mutates (its buffer; where it ``updates``, the weights,
-    momenta and outs too) and reads (the gradients it copies in), laid out once for these
-    ``weights``."""
+def _engine_arrays(bucket: EngineBucket, weights: Optional[_Weights]) -> EngineArrays:
+    """What the bucket's allreduce mutates (its buffer; where it makes the update itself,
+    ``_sum``'s ``update``, the weights, momenta and outs too) and reads (the gradients it
+    copies in), laid out once for these ``weights`` (a new layout makes new ones)."""
     kept = bucket.engine_arrays
-    if kept is None or kept[0] is not weights or kept[1] != updates:
-        mutated = [bucket.buffer] + \
-            (weights.flat.buffers + (weights.written or []) if updates else [])
+    if kept is None or kept[0] is not weights:
+        mutated = [bucket.buffer] + (weights.flat.buffers + (weights.written or [])
+                                     if weights is not None and weights.in_allreduce else [])
         reads = [bucket.source] if bucket.source_view is not None else []
-        kept = bucket.engine_arrays = (weights, updates, EngineArrays(mutated, reads))
-    return kept[2]
+        kept = bucket.engine_arrays = (weights, EngineArrays(mutated, reads))
+    return kept[1]
 
 
 def _weights(bucket: EngineBucket, updater) -> _Weights:

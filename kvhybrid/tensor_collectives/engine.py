@@ -98,10 +98,10 @@ class EngineArrays:
     laying them out was a quarter of a submit's cost on the caller's thread (11 of 44 us).
     The arrays must stay the same objects (an NDArray's handle never changes)."""
 
-    __slots__ = ("arrays", "reads", "c_mutated", "c_reads")
+    __slots__ = ("arrays", "c_mutated", "c_reads")
 
     def __init__(self, mutated: Sequence[NDArray], reads: Sequence[NDArray] = ()):
-        self.arrays, self.reads = list(mutated) + list(reads), len(reads)
+        self.arrays = list(mutated) + list(reads)   # (held: the handles must stay valid)
         self.c_mutated = (ctypes.c_void_p * len(mutated))(*[a.handle.value for a in mutated])
         self.c_reads = (ctypes.c_void_p * len(reads))(*[a.handle.value for a in reads])
 
@@ -282,7 +282,7 @@ class EngineComm:
             param = ctypes.c_void_p((self.ident << 40) + op.ident)
         try:
             check_call(push(start, param, None, ctypes.byref(self._ctx), arrays.c_reads,
-                            arrays.reads, arrays.c_mutated, len(arrays.arrays) - arrays.reads,
+                            len(arrays.c_reads), arrays.c_mutated, len(arrays.c_mutated),
                             ctypes.byref(self._prop), priority, self._encoded(name), False))
         except BaseException:   # (not pushed: nothing will start it)
             del self._ops[op.ident]
