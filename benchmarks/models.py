@@ -27,13 +27,15 @@ bytes kvhybrid handed to MPI and the servers per worker and step; on emulated ho
 the bytes each host's link carried per step, counted, next to Parallax's Table 3 for the
 system's routing (``wire.py``). Writes
 ``NAME.{md,json,png}`` (``--name``, default ``models``) and, with ``--alpha-tokens``,
-``NAME_alpha.{md,json,png}`` into ``--out``. ``--hosts 4 --rate 1gbit`` runs every job on
+``NAME_alpha.{md,json,png}`` (an α point at ``--tokens`` is the LM's run of the same round)
+into ``--out``. ``--hosts 4 --rate 1gbit`` runs every job on
 an emulated cluster (``cluster.py``: network namespaces joined by shaped links; root only).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -321,10 +323,13 @@ def measure(args, hosts: int, rate: str, alpha_tokens: List[int],
             pair = ("kvhybrid", "dist_sync") if round_ % 2 == 0 else ("dist_sync", "kvhybrid")
             log.info("models: %s, round %d of %d: %s", setting.where, round_ + 1, args.rounds,
                      ", ".join(order))
-            setting.rounds.append({m: {n: run_system(args, m, n, args.tokens, tmp)
-                                       for n in order} for m in args.models})
-            setting.sweeps.append({str(t): {n: run_system(args, "lm", n, t, tmp) for n in pair}
-                                   for t in alpha_tokens})
+            runs = {m: {n: run_system(args, m, n, args.tokens, tmp) for n in order}
+                    for m in args.models}
+            setting.rounds.append(runs)
+            # an α point at the run's own words per sample is the LM's run of this round
+            setting.sweeps.append({str(t): {
+                n: copy.deepcopy(runs["lm"][n]) if t == args.tokens and n in runs.get("lm", {})
+                else run_system(args, "lm", n, t, tmp) for n in pair} for t in alpha_tokens})
     return setting
 
 

@@ -42,5 +42,13 @@ if [ ! -x .venv/impi/bin/mpirun ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
     --prefix .venv/impi impi-rt==2021.19.0
 fi
+# scikit-learn (with scipy), for the test that the experiments' kept digits are its copy only
+# (tests/unit/test_experiment_data.py): its pip wheels under .venv/sklearn, off the jobs'
+# path, where MXNet would import scipy in every process.
+if [ ! -d .venv/sklearn/lib ]; then
+  echo "[tests] installing scikit-learn 1.3.2 (pip) under .venv/sklearn"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --ignore-installed \
+    --prefix .venv/sklearn scikit-learn==1.3.2 scipy==1.11.4 joblib==1.6.0 threadpoolctl==3.8.0
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec .venv/bin/python -m pytest -p no:cacheprovider --timeout 900 -q "$@"

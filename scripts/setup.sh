@@ -33,6 +33,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing pinned packages (requirements.txt)"
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip wheel setuptools
   "$PY" -m pip install -q --disable-pip-version-check -r requirements.txt
+  # pinned here once: MXNet imports scipy wherever it is installed (requirements.txt)
+  "$PY" -m pip uninstall -q -y scikit-learn scipy joblib threadpoolctl >/dev/null 2>&1 || true
   echo "$want" > "$stamp"
 fi
 

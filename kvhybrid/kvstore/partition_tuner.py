@@ -25,13 +25,11 @@ Theta = Tuple[float, float, float]
 def fit(ps: Sequence[int], times: Sequence[float]) -> Theta:
     """Least-squares θ of ``t = θ0 + θ1/P + θ2·P`` over the samples (three distinct P at
     least)."""
-    from scipy.linalg import lstsq
-
     ps = np.asarray(ps, dtype=float)
     if len(set(ps.tolist())) < 3:
         raise ValueError(f"fitting t = θ0 + θ1/P + θ2·P needs 3 distinct P, got {sorted(set(ps))}")
     design = np.stack([np.ones_like(ps), 1.0 / ps, ps], axis=1)
-    theta, *_ = lstsq(design, np.asarray(times, dtype=float))
+    theta, *_ = np.linalg.lstsq(design, np.asarray(times, dtype=float), rcond=None)
     return float(theta[0]), float(theta[1]), float(theta[2])
 
 

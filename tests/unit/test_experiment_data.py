@@ -1,21 +1,42 @@
 """The experiments' digits (``experiments/data/digits.npz``) are scikit-learn's, so the
-digits task gives the same data where scikit-learn is missing (the 16-core machine's pack)."""
+digits task gives the same data where scikit-learn is missing (the 16-core machine's pack).
+scikit-learn lies under ``.venv/sklearn`` (scripts/run_tests.sh), off the jobs' path: it is
+read in a process of its own."""
+import os
+import subprocess
+import sys
+import sysconfig
+
 import numpy as np
-from sklearn.datasets import load_digits   # a test dependency
+import pytest
 
 from experiments.tasks import DIGITS
+from tests.support.jobs import ROOT
+
+PREFIX = ROOT / ".venv" / "sklearn"
+SITE = sysconfig.get_path("purelib", vars={"base": str(PREFIX), "platbase": str(PREFIX)})
 
 
-def test_the_kept_digits_are_scikit_learns():
-    theirs = load_digits()
-    with np.load(DIGITS) as ours:
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SITE, "sklearn")),
+                    reason=f"scikit-learn is not installed under {PREFIX}: scripts/run_tests.sh "
+                           "installs it (pip install --prefix .venv/sklearn scikit-learn==1.3.2 "
+                           "scipy==1.11.4 joblib==1.6.0 threadpoolctl==3.8.0)")
+def test_the_kept_digits_are_scikit_learns(tmp_path):
+    theirs = tmp_path / "theirs.npz"
+    code = ("import sys, numpy as np\n"
+            "from sklearn.datasets import load_digits\n"
+            "d = load_digits()\n"
+            "np.savez(sys.argv[1], data=d.data, target=d.target)")
+    r = subprocess.run([sys.executable, "-c", code, str(theirs)], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": SITE})
+    assert r.returncode == 0, r.stderr[-3000:]
+    with np.load(DIGITS) as ours, np.load(theirs) as sk:
         assert ours["images"].dtype == np.uint8 and ours["labels"].dtype == np.uint8
-        np.testing.assert_array_equal(ours["images"], theirs.data)
-        np.testing.assert_array_equal(ours["labels"], theirs.target)
+        np.testing.assert_array_equal(ours["images"], sk["data"])
+        np.testing.assert_array_equal(ours["labels"], sk["target"])
 
 
 def test_the_digits_task_loads_without_scikit_learn(monkeypatch):
-    import sys
     monkeypatch.setitem(sys.modules, "sklearn", None)   # an import of it now fails
     from experiments.tasks import digits
     task = digits()

@@ -53,7 +53,7 @@ def test_every_imported_package_is_declared():
     for reqs in kw["extras_require"].values():
         declared |= {name_of(r) for r in reqs}
     wanted = {DISTRIBUTION.get(n, n).lower() for n in third_party_imports()}
-    assert {"mxnet", "numpy", "mpi4py", "scipy", "psutil", "matplotlib"} <= wanted
+    assert {"mxnet", "numpy", "mpi4py", "psutil", "matplotlib"} <= wanted
     missing = sorted(wanted - declared)
     assert not missing, f"setup.py does not declare {missing}"
 
