@@ -34,24 +34,44 @@ def _id(s) -> str:
         (f"-{s[4]}pieces" if len(s) > 4 else "") + (f"-{s[5]}-masters" if len(s) > 5 else "")
 
 
-@pytest.fixture(scope="module", params=SHAPES, ids=_id)
-def sparse_job(request, tmp_path_factory):
-    ranks, ndev, clients, servers = request.param[:4]
-    env = {"KVHYBRID_PARTITIONS": str(request.param[4])} if len(request.param) > 4 else {}
+#: the folders train_sparse.py's runs left, by shape and settings: a run two fixtures ask
+#: for (a prefetch shape's plain pulls that are also a shape of their own) runs once
+_RUNS: dict = {}
+
+
+def trained(tmp_path_factory, shape, prefetch: bool, helper: bool = True):
+    """A folder with both models trained by train_sparse.py on ``shape`` (workers, devices,
+    client groups, servers[, pieces[, row masters]]), one job per model with servers (one
+    store per process)."""
+    ranks, ndev, clients, servers = shape[:4]
+    env = {"KVHYBRID_PARTITIONS": str(shape[4] if len(shape) > 4 else 1),
+           "KVHYBRID_TEST_PREFETCH": "1" if prefetch else "0"}
+    if not helper:
+        env["KVHYBRID_CPP_HELPER"] = "0"
     extra = []
-    if len(request.param) > 5:
+    if len(shape) > 5:
         env["KVHYBRID_EMULATE_NODE_SIZE"] = "2"
-        extra = ["--row-masters", request.param[5]]
-    out = tmp_path_factory.mktemp(f"sparse-{_id(request.param)}")
-    for kind in KINDS:   # one store per process with servers: one job per model
+        extra = ["--row-masters", shape[5]]
+    key = (ranks, ndev, clients, servers, tuple(sorted(env.items())), tuple(extra))
+    if key in _RUNS:
+        return _RUNS[key]
+    out = tmp_path_factory.mktemp(f"sparse-{_id(shape)}")
+    for kind in KINDS:
         args = [out, ndev, STEPS, PER_DEVICE, kind]
         if servers == 0:
-            r = run_job(ranks, "train_sparse.py", args, timeout=240)
+            r = run_job(ranks, "train_sparse.py", args, timeout=240, env=env)
         else:
             r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers, *extra],
                              "train_sparse.py", args, timeout=240, env=env)
         assert r.returncode == 0, r.output[-4000:]
-    return ranks, ndev, out
+    _RUNS[key] = out
+    return out
+
+
+@pytest.fixture(scope="module", params=SHAPES, ids=_id)
+def sparse_job(request, tmp_path_factory):
+    ranks, ndev = request.param[:2]
+    return ranks, ndev, trained(tmp_path_factory, request.param, prefetch=False)
 
 
 def reference(kind: str, init: dict, ranks: int, ndev: int) -> dict:
@@ -105,32 +125,21 @@ PREFETCH_SHAPES = [(4, 1, 1, 1, 1), (4, 2, 1, 1, 1), (4, 1, 2, 2, 3), (4, 1, 1, 
 
 @pytest.fixture(scope="module", params=PREFETCH_SHAPES, ids=_id)
 def prefetch_job(request, tmp_path_factory):
-    """The same training with plain pulls (into plain/) and with prefetched rows."""
-    ranks, ndev, clients, servers, pieces = request.param[:5]
-    env, extra = {"KVHYBRID_PARTITIONS": str(pieces)}, []
-    if ndev > 1:
-        env["KVHYBRID_CPP_HELPER"] = "0"
-    if len(request.param) > 5:
-        env["KVHYBRID_EMULATE_NODE_SIZE"] = "2"
-        extra = ["--row-masters", request.param[5]]
-    out = tmp_path_factory.mktemp(f"prefetch-{_id(request.param)}")
-    (out / "plain").mkdir()
-    for kind in KINDS:
-        for folder, flag in ((out / "plain", "0"), (out, "1")):
-            r = run_launcher(["-n", ranks, "--clients", clients, "--servers", servers, *extra],
-                             "train_sparse.py", [folder, ndev, STEPS, PER_DEVICE, kind],
-                             timeout=240, env={**env, "KVHYBRID_TEST_PREFETCH": flag})
-            assert r.returncode == 0, r.output[-4000:]
-    return ranks, ndev, len(request.param) > 5, clients == ranks, out
+    """The same training with plain pulls (``plain``) and with prefetched rows (``out``)."""
+    ranks, ndev, clients = request.param[:3]
+    helper = ndev == 1
+    plain = trained(tmp_path_factory, request.param, prefetch=False, helper=helper)
+    out = trained(tmp_path_factory, request.param, prefetch=True, helper=helper)
+    return ranks, ndev, len(request.param) > 5, clients == ranks, out, plain
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=["sparse_grad", "SparseEmbedding"])
 def test_prefetched_rows_train_bit_for_bit_like_plain_pulls(prefetch_job, kind):
-    ranks, ndev, _, _, out = prefetch_job
+    ranks, ndev, _, _, out, plain_out = prefetch_job
     assert_matches_single_process(out, kind, ranks, ndev)
     for rank in range(ranks):
         got = np.load(out / f"{kind}-rank{rank}.npz")
-        plain = np.load(out / "plain" / f"{kind}-rank{rank}.npz")
+        plain = np.load(plain_out / f"{kind}-rank{rank}.npz")
         for name in plain.files:
             assert np.array_equal(got[name], plain[name]), f"rank {rank} {name} differs"
 
@@ -143,16 +152,16 @@ def test_pulls_and_pushes_meet_no_one_after_the_first_push(prefetch_job):
     # prefetched rows or is served there (the rows of a script that never prefetches, and
     # the final whole-table pull): the rows meet no one on the caller's thread, prefetched
     # or not. What meets there in a step is the dense keys' sum across client groups.
-    ranks, ndev, _, alone, out = prefetch_job
+    ranks, ndev, _, alone, out, plain_out = prefetch_job
     for rank in range(ranks):
         stats = {folder: json.load(open(folder / f"weight-stats-rank{rank}.json"))
-                 for folder in (out, out / "plain")}
+                 for folder in (out, plain_out)}
         per_step = {}
         for folder, s in stats.items():
             after = s["meetings_after_step"]
             per_step[folder] = [b - a for a, b in zip(after, after[1:])]
-        got, plain = (stats[f]["collectives"] for f in (out, out / "plain"))
-        assert per_step[out] == per_step[out / "plain"], (per_step, got, plain)
+        got, plain = (stats[f]["collectives"] for f in (out, plain_out))
+        assert per_step[out] == per_step[plain_out], (per_step, got, plain)
         assert len(set(per_step[out])) == 1, per_step
         assert got["group"] == plain["group"], (got, plain)
         if alone:   # a group of one rank: its rows go through MXNet's engine, as dist_sync's,
