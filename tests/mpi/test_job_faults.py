@@ -35,7 +35,8 @@ def fault(tmp_path, action, role, rank, launch=HYBRID, env=TIMEOUT, netns=None):
     assert "rank 0 finished" not in result.output
     assert job.leftovers() == []
     if port:
-        assert job.port_free(port), f"the scheduler's port {port} is still bound"
+        assert job.port_free(port), \
+            f"the scheduler's port {port} is still bound:\n{job.port_holders(port)}"
     return result.output
 
 

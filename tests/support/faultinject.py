@@ -222,6 +222,15 @@ class LaunchedJob:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
         return subprocess.run(cmd, capture_output=True).returncode == 0
 
+    def port_holders(self, port: int) -> str:
+        """The sockets on ``port`` with their states and processes (``ss``), for a failure's
+        message: a listener left behind, or another connection that took the port."""
+        cmd = ["ss", "-tanp"]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns] + cmd
+        out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        return "\n".join(line for line in out.splitlines() if f":{port} " in line) or "none"
+
 
 def descendants(pid: int) -> set:
     """Every process below ``pid`` now (none if it is gone)."""
