@@ -212,15 +212,22 @@ class LaunchedJob:
         m = re.search(r"^scheduler\s+\S+\s+-\s+port (\d+)", self.output, re.M)
         return int(m.group(1)) if m else None
 
-    def port_free(self, port: int) -> bool:
-        """Whether ``port`` can be bound again on this machine (in the job's namespace)."""
+    def port_free(self, port: int, within: float = 2.0) -> bool:
+        """Whether ``port`` can be bound again on this machine (in the job's namespace),
+        tried for ``within`` seconds: the kernel may finish closing a dead process's
+        sockets just after the job's exit."""
         code = ("import socket; s = socket.socket(); "
                 "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
                 f"s.bind(('0.0.0.0', {port})); s.close()")
         cmd = [sys.executable, "-c", code]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
-        return subprocess.run(cmd, capture_output=True).returncode == 0
+        deadline = time.monotonic() + within
+        while subprocess.run(cmd, capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
     def port_holders(self, port: int) -> str:
         """The sockets on ``port`` with their states and processes (``ss``), for a failure's
