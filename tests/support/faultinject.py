@@ -3,7 +3,7 @@
     job = LaunchedJob(["-n", 4, "--clients", 2, "--servers", 1], "fault_train.py", ["200"])
     job.inject("kill", "server", 0, at_step=5)     # SIGKILL server 0 when rank 0 logs step 5
     result = job.finish(timeout=60)                 # exit code, output, seconds since the fault
-    assert job.leftovers() == [] and job.port_free()
+    assert job.leftovers() == [] and job.port_free(job.scheduler_port())
 
 Roles and ranks: ``scheduler``; ``server`` i (the launcher's "server i"); ``client`` c (the
 mpirun of client group c); ``worker`` r (global rank r = c * group size + rank in group).
