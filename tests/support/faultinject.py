@@ -156,7 +156,7 @@ class LaunchedJob:
         assert ports, f"{target.pid} listens on no TCP port"
         # packets to those ports go to a class that passes 8 bit/s into a one-packet queue:
         # a drop (this kernel's tc has no drop action and no prio qdisc, but htb and tbf)
-        tc = ["ip", "netns", "exec", self.netns, "tc"]
+        tc = self._in_job_netns(["tc"])
         for args in (["qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "1"],
                      ["class", "add", "dev", "lo", "parent", "1:", "classid", "1:1", "htb",
                       "rate", "10gbit"],
@@ -212,6 +212,10 @@ class LaunchedJob:
         m = re.search(r"^scheduler\s+\S+\s+-\s+port (\d+)", self.output, re.M)
         return int(m.group(1)) if m else None
 
+    def _in_job_netns(self, cmd: List[str]) -> List[str]:
+        """``cmd`` run where the job runs: in its namespace, if it has one."""
+        return ["ip", "netns", "exec", self.netns, *cmd] if self.netns else cmd
+
     def port_free(self, port: int, within: float = 2.0) -> bool:
         """Whether ``port`` can be bound again on this machine (in the job's namespace),
         tried for ``within`` seconds: the kernel may finish closing a dead process's
@@ -219,9 +223,7 @@ class LaunchedJob:
         code = ("import socket; s = socket.socket(); "
                 "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
                 f"s.bind(('0.0.0.0', {port})); s.close()")
-        cmd = [sys.executable, "-c", code]
-        if self.netns:
-            cmd = ["ip", "netns", "exec", self.netns] + cmd
+        cmd = self._in_job_netns([sys.executable, "-c", code])
         deadline = time.monotonic() + within
         while subprocess.run(cmd, capture_output=True).returncode != 0:
             if time.monotonic() > deadline:
@@ -232,10 +234,8 @@ class LaunchedJob:
     def port_holders(self, port: int) -> str:
         """The sockets on ``port`` with their states and processes (``ss``), for a failure's
         message: a listener left behind, or another connection that took the port."""
-        cmd = ["ss", "-tanp"]
-        if self.netns:
-            cmd = ["ip", "netns", "exec", self.netns] + cmd
-        out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        out = subprocess.run(self._in_job_netns(["ss", "-tanp"]), capture_output=True,
+                             text=True).stdout
         return "\n".join(line for line in out.splitlines() if f":{port} " in line) or "none"
 
 
