@@ -45,7 +45,7 @@ fi
 # scikit-learn (with scipy), for the test that the experiments' kept digits are its copy only
 # (tests/unit/test_experiment_data.py): its pip wheels under .venv/sklearn, off the jobs'
 # path, where MXNet would import scipy in every process.
-if [ ! -d .venv/sklearn/lib ]; then
+if ! compgen -G '.venv/sklearn/lib/python3*/site-packages/sklearn' >/dev/null; then
   echo "[tests] installing scikit-learn 1.3.2 (pip) under .venv/sklearn"
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --ignore-installed \
     --prefix .venv/sklearn scikit-learn==1.3.2 scipy==1.11.4 joblib==1.6.0 threadpoolctl==3.8.0
