@@ -48,6 +48,7 @@ setup(
     package_dir={"kvhybrid.launch": "launch"},
     package_data={"kvhybrid.launch": ["*.conf", "*.sh"]},
     # loaded with ctypes, not imported: a plain shared library with a module's file name
+    # (all but _ids, a Python module)
     ext_modules=[Extension("kvhybrid.tensor_collectives._ndarray_aux",
                            ["kvhybrid/tensor_collectives/ndarray_aux.cc"], language="c++",
                            libraries=["mxnet"],   # (MXNet's C API and CopyFromTo)
@@ -65,6 +66,11 @@ setup(
                  # MXNet)
                  Extension("kvhybrid.tensor_collectives._rows",
                            ["kvhybrid/tensor_collectives/rows.cc"], language="c++",
+                           extra_compile_args=["-O3", "-std=c++17"], optional=True),
+                 # a batch's row ids copied and checked (needs no MXNet; a Python module,
+                 # imported: called on the caller's thread every step)
+                 Extension("kvhybrid.tensor_collectives._ids",
+                           ["kvhybrid/tensor_collectives/ids.cc"], language="c++",
                            extra_compile_args=["-O3", "-std=c++17"], optional=True),
                  # the store's SGD update on its communication thread (needs no MXNet; no
                  # contraction into FMA, as MXNet's own kernel)

@@ -46,7 +46,7 @@ from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, ids_equal, is_
                                                     reads_row_ids_in_place)
 from ..tensor_collectives.operators import copy
 from ..tensor_collectives.ops import allreduce_patiently
-from ..tensor_collectives.rows import local_ids
+from ..tensor_collectives.rows import ids_in_table, local_ids
 from . import routing
 from . import row_exchange as rx
 from .calls import Calls, keys_text
@@ -185,12 +185,12 @@ class SparsePath:
                 or len(set(keys)) != len(keys):   # (the checked path names a repeated key)
             return False
         try:   # (no settling first: a check, or a pull it serves, runs on the same thread first)
-            work, signature = signed()
-            call = (None, str(signature))
-            # (whether each key's row ids are read in place: asked of MXNet once per call
-            # on these arrays, where it cost 10 us a table on an NMT step's caller's thread)
-            in_place = self.calls.checked("push in place", key, value, lambda: [
-                len(arrays) == 1 and reads_row_ids_in_place(arrays[0]) for _, arrays, _ in work])
+            # the call's checks, signature and whether each key's row ids are read in place
+            # (asked of MXNet), once per call on these arrays: 25 us of an NMT step's
+            # caller's thread as two memos
+            work, signature, in_place = self.calls.checked(
+                "push with prefetch", key, value, lambda: _prefetching_push(signed()))
+            call = (None, signature)
             pushes = [self._read_rows(k, self.slots[k], arrays, prefetching=True, in_place=i)
                       for (k, arrays, _), i in zip(work, in_place)]
         except KeyValueError as exc:
@@ -575,15 +575,7 @@ class SparsePath:
                 and self.engine is not None):
             return
         arrays = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids]
-        parts = [np.array(ids.asnumpy() if isinstance(ids, mx.nd.NDArray) else ids,
-                          dtype=np.int64).reshape(-1) for ids in arrays]   # (a copy: theirs)
-        for ids in parts:
-            # one pass: a negative id read as unsigned is past any table's rows
-            if len(ids) and int(ids.view(np.uint64).max()) >= slot.shape[0]:
-                bad = ids.min() if ids.min() < 0 else ids.max()
-                raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, "
-                                    f"outside the table's {slot.shape[0]} rows: pass ids in "
-                                    f"[0, {slot.shape[0]})")
+        parts = [_ids_of_table(key, ids, slot.shape[0]) for ids in arrays]   # (copies: theirs)
         # one array's sorted unique ids are worked out by the communication thread
         self._prefetch_ids[key] = (None, parts[0]) if len(parts) == 1 else \
             (np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64), None)
@@ -623,6 +615,31 @@ class SparsePath:
         self._prefetch_ids.clear()
         self._prefetched.clear()
         self._last_pull.clear()
+
+
+def _prefetching_push(signed: tuple) -> tuple:
+    """``push_with_prefetch``'s memo of a call: (its work, its signature's text, whether
+    each key's row ids are read in place), from its ``signed_work``."""
+    work, signature = signed
+    return (work, str(signature),
+            [len(arrays) == 1 and reads_row_ids_in_place(arrays[0]) for _, arrays, _ in work])
+
+
+def _ids_of_table(key: Key, ids, rows: int) -> np.ndarray:
+    """``prefetch_rows``'s ids of one array (an NDArray, numpy or a list), copied flat as
+    int64, each checked to lie in [0, ``rows``): in one pass of the C++ helper where it
+    can, else with numpy, which names a bad id."""
+    values = ids.asnumpy() if isinstance(ids, mx.nd.NDArray) else np.asarray(ids)
+    got = ids_in_table(values, rows)
+    if got is not None:
+        return got
+    got = np.array(values, dtype=np.int64).reshape(-1)
+    # one pass: a negative id read as unsigned is past any table's rows
+    if len(got) and int(got.view(np.uint64).max()) >= rows:
+        bad = got.min() if got.min() < 0 else got.max()
+        raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, outside "
+                            f"the table's {rows} rows: pass ids in [0, {rows})")
+    return got
 
 
 def _holds(row_ids: mx.nd.NDArray, ids: np.ndarray) -> bool:

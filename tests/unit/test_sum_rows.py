@@ -1,12 +1,17 @@
 """The master's arithmetic on its group's rows (one process; no MPI involved): the sum of
 the ranks' rows by id, the union of their next ids and each rank's rows taken from the
 servers' answer, each made by the C++ helper (rows.cc) with numpy's bits, and by numpy
-where the helper cannot (ids not sorted per rank, a dtype it lacks, the helper off)."""
+where the helper cannot (ids not sorted per rank, a dtype it lacks, the helper off); and
+a batch's ids as ``prefetch_rows`` copies and checks them (ids.cc, else numpy)."""
+import mxnet as mx
 import numpy as np
 import pytest
 
+from kvhybrid.errors import KeyValueError
+from kvhybrid.kvstore.sparse import _ids_of_table as ids_of_table
 from kvhybrid.tensor_collectives import rows as rows_module
-from kvhybrid.tensor_collectives.rows import sum_rows, take_rows, union_ids, unique_ids
+from kvhybrid.tensor_collectives.rows import (ids_in_table, sum_rows, take_rows, union_ids,
+                                              unique_ids)
 
 
 def _ranks(ranks: int, seed: int, vocab: int = 30, each: int = 20):
@@ -133,3 +138,36 @@ def test_ids_outside_the_table_are_not_taken_by_the_helper():
         assert lib.kvhybrid_take_rows(have.ctypes.data, 2, table.ctypes.data, 4, 1,
                                       wanted.ctypes.data, counts.ctypes.data, out.ctypes.data,
                                       offsets.ctypes.data) == -1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+def test_ids_in_table_are_numpys_cast_of_the_batch(dtype):
+    assert rows_module._ids is not None, "ids.cc was not built: run scripts/setup.sh"
+    batch = np.array([[3, 0, 7], [9, 1, 3]], dtype)
+    got = ids_in_table(batch, 10)
+    assert got.dtype == np.int64 and got.tolist() == [3, 0, 7, 9, 1, 3]
+    assert got.base is None or got.base is not batch   # (a copy: the batch is the caller's)
+    assert ids_in_table(np.array([-0.5, 2.7]), 10).tolist() == [0, 2]   # (numpy truncates)
+    assert ids_in_table(np.zeros(0, dtype), 10).tolist() == []
+
+
+@pytest.mark.parametrize("batch", [[3, -1], [3, 10], [np.nan, 1.0], [np.inf, 1.0], [-1.0, 2.0]])
+def test_ids_outside_the_table_are_left_to_numpy(batch):
+    # (numpy then names the bad id: SparsePath.prefetch_rows)
+    assert ids_in_table(np.array(batch), 10) is None
+
+
+def test_ids_the_helper_cannot_read_are_left_to_numpy(helper):
+    for batch in (np.arange(4, dtype=np.uint8), np.arange(8)[::2], np.arange(4).astype(">i8")):
+        assert ids_in_table(batch, 10) is None
+    got = ids_in_table(np.arange(4, dtype=np.int64), 10)   # (KVHYBRID_CPP_HELPER=0: numpy's)
+    assert (got is None) == (helper == "numpy")
+
+
+@pytest.mark.parametrize("batch,bad", [([4, -1, 2], -1), ([4, 10, 2], 10), ([0.5, 12.0], 12)])
+def test_prefetch_rows_names_an_id_outside_the_table(batch, bad, helper):
+    with pytest.raises(KeyValueError, match=rf"prefetch_rows of key 3 got row id {bad}, "
+                                            r"outside the table's 10 rows: pass ids in \[0, 10\)"):
+        ids_of_table(3, np.array(batch), 10)
+    assert ids_of_table(3, [[4, 0], [2, 9]], 10).tolist() == [4, 0, 2, 9]
+    assert ids_of_table(3, mx.nd.array([4, 0, 2]), 10).tolist() == [4, 0, 2]
