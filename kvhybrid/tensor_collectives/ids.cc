@@ -34,7 +34,7 @@ bool ids_in_table(const void* from, Py_ssize_t count, int64_t rows, int64_t* out
 // float64, int32 or int64) fit, copied into ``out``; false for any other format.
 bool copy_ids(const Py_buffer& ids, int64_t rows, int64_t* out) {
   const char* format = ids.format;
-  if (format[0] == '=' || format[0] == '<' || format[0] == '@') ++format;   // (native)
+  if (format[0] == '=' || format[0] == '@') ++format;   // (native order; numpy writes none)
   if (format[0] == '\0' || format[1] != '\0') return false;
   const Py_ssize_t count = ids.len / ids.itemsize;
   switch (format[0]) {
