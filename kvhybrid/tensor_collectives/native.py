@@ -1,6 +1,7 @@
 """Where kvhybrid's C++ helpers lie: shared libraries ``setup.py`` builds (optional: without
-a compiler or MXNet's headers they are not built), loaded with ctypes, each with a switch.
-A module that uses one declares it as a ``Helper`` with its functions' signatures."""
+a compiler or MXNet's headers they are not built), loaded with ctypes (or, one called on
+the caller's thread every step, imported as a Python module), each with a switch. A module
+that uses one declares it as a ``Helper`` with its functions' signatures."""
 from __future__ import annotations
 
 import ctypes
@@ -13,12 +14,13 @@ log = logging.getLogger("kvhybrid")
 
 
 def load_helper(module: str, switch: str, without: str,
-                package: str = "kvhybrid.tensor_collectives") -> Optional[ctypes.CDLL]:
+                package: str = "kvhybrid.tensor_collectives", imported: bool = False):
     """The helper built as ``<package>.<module>`` (from ``<module>.cc`` less its leading
     underscore, in that package's folder), or None where the environment variable
     ``switch`` is ``0``, it was not built, or it does not load (``_ndarray_aux`` is linked
     to the ``libmxnet.so`` it was built against); ``without`` says what happens then
-    (logged)."""
+    (logged). A ctypes library, or with ``imported`` the Python module it is (``_ids``: a
+    call through ctypes reads its arrays' addresses in Python)."""
     if os.environ.get(switch, "1") == "0":
         log.debug("%s=0: %s", switch, without)
         return None
@@ -28,8 +30,8 @@ def load_helper(module: str, switch: str, without: str,
                   without)
         return None
     try:
-        return ctypes.CDLL(spec.origin)
-    except OSError as exc:   # (a build whose libmxnet.so moved: a venv copied elsewhere)
+        return importlib.import_module(spec.name) if imported else ctypes.CDLL(spec.origin)
+    except (OSError, ImportError) as exc:   # (a build whose libmxnet.so moved: a venv copied elsewhere)
         log.warning("kvhybrid's C++ helper %s does not load (%s): %s; rebuild it against "
                     "this MXNet: pip install --no-build-isolation -e .", spec.origin, exc,
                     without)
@@ -47,16 +49,20 @@ class Helper:
     before it was added) is left out: its user checks ``hasattr`` first."""
 
     def __init__(self, module: str, switch: str, without: str,
-                 signatures: Dict[str, Signature], package: str = "kvhybrid.tensor_collectives"):
+                 signatures: Dict[str, Signature], package: str = "kvhybrid.tensor_collectives",
+                 imported: bool = False):
         self.module, self.switch, self.without, self.package = module, switch, without, package
-        self.signatures = signatures
-        #: [the library, or None], once looked for (a test sets [None] to run without it)
-        self.loaded: List[Optional[ctypes.CDLL]] = []
+        self.signatures, self.imported = signatures, imported
+        #: [the library (or module), or None], once looked for (a test sets [None] to run
+        #: without it)
+        self.loaded: List[Optional[object]] = []
 
-    def library(self) -> Optional[ctypes.CDLL]:
-        """The loaded library, or None where it is off, was not built or does not load."""
+    def library(self):
+        """The loaded library (or module, ``imported``), or None where it is off, was not
+        built or does not load."""
         if not self.loaded:
-            lib = load_helper(self.module, self.switch, self.without, self.package)
+            lib = load_helper(self.module, self.switch, self.without, self.package,
+                              self.imported)
             if lib is not None:
                 for name, (result, arguments) in self.signatures.items():
                     function = getattr(lib, name, None)   # (None: a build older than it)

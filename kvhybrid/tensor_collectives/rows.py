@@ -26,11 +26,6 @@ from .native import Helper
 from .ndarray_view import host_row_sparse, host_view, is_host, row_sparse_ids
 from .ops import wait_all_patiently, wait_patiently
 
-try:   # (setup.py builds it where a compiler is; it needs nothing of MXNet)
-    from . import _ids
-except ImportError:
-    _ids = None
-
 
 def _wire(flat: np.ndarray) -> np.ndarray:
     """``flat`` as MPI can send it: MPI has no float16, so its bits travel as uint16 (rows
@@ -193,6 +188,11 @@ _HELPER = Helper("_rows", "KVHYBRID_CPP_HELPER",
                      **{name: (_N, [_N, _P, _P, _P, _N, _P, _P]) for name in _SUMS.values()}})
 
 
+#: a batch's ids cast and checked (ids.cc): a Python module, called on the caller's thread
+_IDS = Helper("_ids", "KVHYBRID_CPP_HELPER", "a batch's ids are cast and checked by numpy", {},
+              imported=True)
+
+
 def _helper() -> Optional[ctypes.CDLL]:
     return _HELPER.library()
 
@@ -203,14 +203,14 @@ def _int64s(a: np.ndarray) -> np.ndarray:
 
 def ids_in_table(ids: np.ndarray, rows: int) -> Optional[np.ndarray]:
     """``ids`` (a batch's row ids, any shape) copied into a new flat int64 array, if every
-    one lies in [0, ``rows``): one call of the compiled ``_ids`` (where the C++ helper is
-    on, ``KVHYBRID_CPP_HELPER``). None where one does not, or it cannot read them (another
-    dtype, not contiguous, not built): the caller then reads them with numpy, which names
-    a bad id."""
-    if _ids is None or _helper() is None:
+    one lies in [0, ``rows``): one call of the compiled ``_ids``. None where one does not,
+    or it cannot read them (another dtype, not contiguous, not built or switched off): the
+    caller then reads them with numpy, which names a bad id."""
+    module = _IDS.library()
+    if module is None:
         return None
     out = np.empty(ids.size, np.int64)
-    return out if _ids.ids_in_table(ids, out, rows) else None
+    return out if module.ids_in_table(ids, out, rows) else None
 
 
 def unique_ids(ids: np.ndarray, rows: int) -> np.ndarray:

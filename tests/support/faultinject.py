@@ -234,8 +234,11 @@ class LaunchedJob:
     def port_holders(self, port: int) -> str:
         """The sockets on ``port`` with their states and processes (``ss``), for a failure's
         message: a listener left behind, or another connection that took the port."""
-        out = subprocess.run(self._in_job_netns(["ss", "-tanp"]), capture_output=True,
-                             text=True).stdout
+        try:
+            out = subprocess.run(self._in_job_netns(["ss", "-tanp"]), capture_output=True,
+                                 text=True).stdout
+        except OSError as exc:   # (no ss here: the failure keeps its own message)
+            return f"(not listed: {exc})"
         return "\n".join(line for line in out.splitlines() if f":{port} " in line) or "none"
 
 

@@ -20,3 +20,13 @@ def test_a_helper_that_does_not_load_is_left_out_with_the_fix(monkeypatch, caplo
     for words in ("does not load", "libmxnet.so", "row ids go the slow way",
                   "pip install --no-build-isolation -e ."):
         assert words in text, text
+
+
+def test_a_module_helper_is_imported_and_switched_off_like_the_others(monkeypatch):
+    got = native.load_helper("_ids", "KVHYBRID_CPP_HELPER", "ids go through numpy",
+                             imported=True)
+    assert got is not None, "ids.cc was not built: run scripts/setup.sh"
+    assert hasattr(got, "ids_in_table") and not isinstance(got, ctypes.CDLL)
+    monkeypatch.setenv("KVHYBRID_CPP_HELPER", "0")
+    assert native.load_helper("_ids", "KVHYBRID_CPP_HELPER", "ids go through numpy",
+                              imported=True) is None

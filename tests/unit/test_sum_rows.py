@@ -38,6 +38,7 @@ def helper(request, monkeypatch):
     """Each test runs with the helper and with it switched off (KVHYBRID_CPP_HELPER=0)."""
     if request.param == "numpy":
         monkeypatch.setattr(rows_module._HELPER, "loaded", [None])
+        monkeypatch.setattr(rows_module._IDS, "loaded", [None])
     else:   # scripts/setup.sh builds it
         assert rows_module._helper() is not None, "rows.cc was not built: run scripts/setup.sh"
     return request.param
@@ -142,7 +143,7 @@ def test_ids_outside_the_table_are_not_taken_by_the_helper():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
 def test_ids_in_table_are_numpys_cast_of_the_batch(dtype):
-    assert rows_module._ids is not None, "ids.cc was not built: run scripts/setup.sh"
+    assert rows_module._IDS.library() is not None, "ids.cc was not built: run scripts/setup.sh"
     batch = np.array([[3, 0, 7], [9, 1, 3]], dtype)
     got = ids_in_table(batch, 10)
     assert got.dtype == np.int64 and got.tolist() == [3, 0, 7, 9, 1, 3]
