@@ -29,9 +29,9 @@ def load_helper(module: str, switch: str, without: str,
         log.debug("%s/%s.cc was not built: %s", package.replace(".", "/"), module.lstrip("_"),
                   without)
         return None
-    try:
+    try:   # (it fails to load where its libmxnet.so moved: a venv copied elsewhere)
         return importlib.import_module(spec.name) if imported else ctypes.CDLL(spec.origin)
-    except (OSError, ImportError) as exc:   # (a build whose libmxnet.so moved: a venv copied elsewhere)
+    except (OSError, ImportError) as exc:
         log.warning("kvhybrid's C++ helper %s does not load (%s): %s; rebuild it against "
                     "this MXNet: pip install --no-build-isolation -e .", spec.origin, exc,
                     without)
