@@ -108,15 +108,17 @@ def add_wrapped_worker_args(p: argparse.ArgumentParser, name: str, steps: int,
 def run_wrapped_workers(benchmark: str, args, model: str, name: str, tmp: str) -> Path:
     """Train ``model`` on system ``name`` (``SYSTEMS``) with every worker started as
     ``python -m benchmarks.<benchmark> --worker`` (a benchmark that wraps calls around
-    ``benchmarks.model_worker``: ``args`` has what ``add_wrapped_worker_args`` adds, and
-    ``launcher_args`` where it runs on emulated hosts); returns the folder the workers
-    wrote their readings to."""
+    ``benchmarks.model_worker``: ``args`` has what ``add_wrapped_worker_args`` adds,
+    ``launcher_args`` where it runs on emulated hosts, and ``worker_flags`` the benchmark's
+    own flags for its workers, if any); returns the folder the workers wrote their
+    readings to."""
     system, shape, _ = SYSTEMS[name]
     out = tempfile.mkdtemp(dir=tmp)
     cmd = [sys.executable, "-m", "kvhybrid.launch.cli",
            *launcher_args(shape, args.workers, args.servers),
            *getattr(args, "launcher_args", []),
-           "python", "-m", f"benchmarks.{benchmark}", "--worker", "--model", model,
+           "python", "-m", f"benchmarks.{benchmark}", "--worker",
+           *getattr(args, "worker_flags", []), "--model", model,
            "--system", system, "--out", out, "--steps", str(args.steps),
            "--warmup", str(args.warmup), "--tokens", str(args.tokens),
            "--waitall", args.waitall]

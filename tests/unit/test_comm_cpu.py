@@ -1,6 +1,8 @@
 """benchmarks/comm_cpu.py's wrappers (no jobs run): every call it times still exists (a
 renamed function would drop its row without a word), a job is labelled by its kind, and
-only the communication threads' calls count."""
+only the communication threads' calls count; ``--perf``'s report is read and split by
+code as the table says, and where perf is missing or may not sample the fix is named."""
+import os
 import sys
 import threading
 import types
@@ -54,3 +56,80 @@ def test_only_the_communication_threads_calls_count():
         assert tally.calls["work"] == 1
     finally:
         del sys.modules["fake_comm"]
+
+
+# -- --perf: the thread's CPU by the code it runs ----------------------------------------
+from benchmarks import comm_cpu   # noqa: E402
+
+REPORT = """\
+# Total Lost Samples: 0
+#
+# Samples: 5K of event 'cpu-clock:ppp'
+# Overhead  Shared Object
+# ........  ....................................
+#
+    42.50%  libpython3.11.so.1.0
+    27.50%  [kernel.kallsyms]
+    10.00%  libc.so.6
+     8.00%  _multiarray_umath.cpython-311-x86_64-linux-gnu.so
+     4.00%  mca_pml_ob1.so
+     3.00%  libmxnet.so
+     2.00%  _rows.cpython-311-x86_64-linux-gnu.so
+     1.50%  MPI.openmpi.cpython-311-x86_64-linux-gnu.so
+     1.00%  libstdc++.so.6.0.30
+     0.50%  [unknown]
+"""
+
+
+def test_perf_report_rows_are_read_by_shared_object():
+    shares = comm_cpu.shares_by_object(REPORT)
+    assert shares["libpython3.11.so.1.0"] == 42.5
+    assert shares["[kernel.kallsyms]"] == 27.5
+    assert len(shares) == 10 and sum(shares.values()) == 100.0
+
+
+def test_each_shared_object_counts_for_its_code():
+    own = {"_rows.cpython-311-x86_64-linux-gnu.so"}
+    split = comm_cpu.split_by_library(comm_cpu.shares_by_object(REPORT), 2000.0, own)
+    python = [label for label, _ in comm_cpu.LIBRARIES if "Python" in label][0]
+    kernel, mpi = comm_cpu.LIBRARIES[0][0], comm_cpu.LIBRARIES[1][0]
+    # the interpreter, numpy and mpi4py; kvhybrid's own extension module is not Python
+    assert split[python] == pytest.approx(2000 * (42.5 + 8 + 1.5) / 100)
+    assert split[comm_cpu.OWN_CODE] == pytest.approx(2000 * 0.02)
+    assert split[kernel] == pytest.approx(2000 * 0.275)
+    assert split[mpi] == pytest.approx(2000 * 0.04)
+    assert split[comm_cpu.OTHER_CODE] == pytest.approx(2000 * 0.015)
+    assert sum(split.values()) == pytest.approx(2000)
+
+
+def test_kvhybrids_own_helpers_are_found_in_the_package():
+    names = comm_cpu.own_modules()
+    assert all(n.endswith(".so") for n in names)
+    assert any(n.startswith("_rows.") for n in names), names
+
+
+def test_a_recording_without_samples_says_so():
+    with pytest.raises(RuntimeError, match="no samples"):
+        comm_cpu.split_by_library({}, 1000.0, set())
+
+
+def test_perf_missing_is_named_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.setattr(comm_cpu.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit):
+        comm_cpu.main(["--models", "lm", "--perf"])
+    assert "apt install linux-perf" in capsys.readouterr().err
+
+
+def test_a_perf_that_may_not_sample_is_named_with_the_fix(tmp_path, monkeypatch):
+    """perf record exits at once where the kernel refuses it; the worker says why and how
+    to allow it, instead of an empty table later."""
+    fake = tmp_path / "perf"
+    fake.write_text("#!/bin/sh\necho 'Access to performance monitoring is limited' >&2\n"
+                    "exit 255\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    proc = comm_cpu.start_perf([threading.get_native_id()], str(tmp_path / "perf.data"))
+    proc.wait(timeout=10)
+    with pytest.raises(RuntimeError, match="performance monitoring is limited.*"
+                                           "perf_event_paranoid"):
+        comm_cpu.stop_perf(proc, str(tmp_path / "perf.data"))
