@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Set
 
 from . import cpu
 from .caller_cpu import Tally, combine, measure, worker_readings
@@ -105,7 +105,7 @@ LIBRARIES = [
     ("code: libc (memory copies, allocation, locks)",
      ("libc.so", "libc-", "libpthread", "libm.so", "libm-", "ld-linux")),
     ("code: Python (the interpreter, numpy, ctypes, mpi4py)",
-     ("libpython", "python3", "python", ".cpython-", "libffi", "_multiarray")),
+     ("libpython", "python", ".cpython-", "libffi", "_multiarray")),
 ]
 OTHER_CODE = "code: other (libstdc++, unresolved)"
 
