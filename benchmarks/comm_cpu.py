@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Dict, Iterable, List, Set
+from typing import Dict, Iterable, List, Optional, Set
 
 from . import cpu
 from .caller_cpu import Tally, combine, measure, worker_readings
@@ -94,7 +94,8 @@ PERF_HZ = 1999
 
 #: ``--perf``'s rows, "code: " and what runs the CPU, by the name of the shared object a
 #: sample fell in: the first whose prefixes match (kvhybrid's own helpers, which are Python
-#: extension modules too, are told apart by their file names first: ``library_of``)
+#: extension modules too, are told apart by their file names first, then any other
+#: extension module counts as Python: ``library_of``)
 OWN_CODE = "code: kvhybrid's C++ helpers"
 LIBRARIES = [
     ("code: the kernel (system calls: the switches after MPI's yields and the waits' "
@@ -105,8 +106,10 @@ LIBRARIES = [
     ("code: libc (memory copies, allocation, locks)",
      ("libc.so", "libc-", "libpthread", "libm.so", "libm-", "ld-linux")),
     ("code: Python (the interpreter, numpy, ctypes, mpi4py)",
-     ("libpython", "python", ".cpython-", "libffi", "_multiarray")),
+     ("libpython", "python", "libffi")),
 ]
+#: what names a Python extension module (numpy's, ctypes', mpi4py's): the Python row
+EXTENSION = ".cpython-"
 OTHER_CODE = "code: other (libstdc++, unresolved)"
 
 #: what queues a job, and where its work is among the arguments (after ``self``)
@@ -234,6 +237,25 @@ def communication_threads() -> List[int]:
     return tids
 
 
+def perf_refused() -> Optional[str]:
+    """Why ``--perf`` cannot sample here (with the fix), or None: ``perf`` is looked for and
+    made to record a command of no length, before any job starts."""
+    if shutil.which("perf") is None:
+        return "needs Linux's perf on the PATH (Debian: apt install linux-perf)"
+    with tempfile.TemporaryDirectory() as tmp:
+        trial = subprocess.run(["perf", "record", "-q", "-F", str(PERF_HZ), "-o",
+                                os.path.join(tmp, "trial.data"), "--", "true"],
+                               capture_output=True, text=True, timeout=60)
+    if trial.returncode != 0:
+        return (f"perf record may not sample here ({trial.stderr.strip()[-300:]}): "
+                f"{PERF_FIX}")
+    return None
+
+
+#: how to let ``perf`` sample kernel code too
+PERF_FIX = "run as root or set kernel.perf_event_paranoid to 1 or less"
+
+
 def start_perf(tids: Iterable[int], data: str) -> subprocess.Popen:
     """``perf record`` of the threads ``tids`` into ``data``, until ``stop_perf``; nothing
     waits for it to start (only the samples' shares are read, not their count)."""
@@ -247,8 +269,7 @@ def stop_perf(proc: subprocess.Popen, data: str) -> Dict[str, float]:
     """Stop ``start_perf``'s recording; its samples' shares (%) by shared object."""
     if proc.poll() is not None:   # (it stopped by itself: it may not sample here)
         raise RuntimeError(f"comm_cpu --perf: perf record stopped at once "
-                           f"({proc.communicate()[1].strip()}): run as root or set "
-                           "kernel.perf_event_paranoid to 1 or less")
+                           f"({proc.communicate()[1].strip()}): {PERF_FIX}")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     report = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
@@ -279,8 +300,10 @@ def library_of(dso: str, own: Set[str]) -> str:
     """The ``--perf`` row a shared object's samples count for."""
     if dso in own:
         return OWN_CODE
+    if EXTENSION in dso:
+        return LIBRARIES[-1][0]
     for label, prefixes in LIBRARIES:
-        if dso.startswith(prefixes) or any(p in dso for p in prefixes if p.startswith(".")):
+        if dso.startswith(prefixes):
             return label
     return OTHER_CODE
 
@@ -399,8 +422,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.warmup < 1:
         p.error("--warmup must be at least 1: the threads' CPU is read from its end on")
-    if args.perf and shutil.which("perf") is None:
-        p.error("--perf needs Linux's perf on the PATH (Debian: apt install linux-perf)")
+    refused = perf_refused() if args.perf else None
+    if refused:
+        p.error(f"--perf: {refused}")
     args.worker_flags = ["--perf"] if args.perf else []
     if "kvhybrid group-master" in args.systems and not args.hosts:
         p.error("--systems 'kvhybrid group-master' needs --hosts")

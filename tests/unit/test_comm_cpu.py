@@ -120,14 +120,28 @@ def test_perf_missing_is_named_before_anything_runs(monkeypatch, capsys):
     assert "apt install linux-perf" in capsys.readouterr().err
 
 
-def test_a_perf_that_may_not_sample_is_named_with_the_fix(tmp_path, monkeypatch):
-    """perf record exits at once where the kernel refuses it; the worker says why and how
-    to allow it, instead of an empty table later."""
+def _refusing_perf(tmp_path, monkeypatch) -> None:
+    """A ``perf`` first on the PATH that exits at once as the kernel's refusal does."""
     fake = tmp_path / "perf"
     fake.write_text("#!/bin/sh\necho 'Access to performance monitoring is limited' >&2\n"
                     "exit 255\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_a_perf_refused_is_named_with_the_fix_before_anything_runs(tmp_path, monkeypatch,
+                                                                   capsys):
+    _refusing_perf(tmp_path, monkeypatch)
+    with pytest.raises(SystemExit):
+        comm_cpu.main(["--models", "lm", "--perf"])
+    err = capsys.readouterr().err
+    assert "performance monitoring is limited" in err and "perf_event_paranoid" in err, err
+
+
+def test_a_perf_that_stops_while_recording_is_named_with_the_fix(tmp_path, monkeypatch):
+    """perf record exits at once where the kernel refuses it; the worker says why and how
+    to allow it, instead of an empty table later."""
+    _refusing_perf(tmp_path, monkeypatch)
     proc = comm_cpu.start_perf([threading.get_native_id()], str(tmp_path / "perf.data"))
     proc.wait(timeout=10)
     with pytest.raises(RuntimeError, match="performance monitoring is limited.*"
