@@ -39,7 +39,7 @@ from ...tensor_collectives.ndarray_view import (empty_row_sparse, host_array, ho
 from ...tensor_collectives.watchdog import Watchdog
 from ..keys import Key
 from . import packs
-from .server import Command, PackCommand, ServerOptimizer
+from .server import Command, MultipliersCommand, PackCommand, ServerOptimizer
 
 log = logging.getLogger("kvhybrid")
 
@@ -62,6 +62,20 @@ MAX_PARTITIONS = 1 + ((2 ** 31 // 9973) - PIECES_KEY_BASE) // PIECE_STRIDE   # 2
 #: packs of small keys (packs.py) take the ids left above the last piece: 2,337 of them
 PACK_KEY_BASE = PIECES_KEY_BASE + (MAX_PARTITIONS - 1) * PIECE_STRIDE
 PACK_KEY_END = 2 ** 31 // 9973
+
+
+def multipliers(optimizer, key: Key) -> Tuple[float, float]:
+    """(lr_mult, wd_mult) that ``optimizer`` applies to the store's ``key``, looked up in
+    MXNet's order (``Optimizer._get_lrs``): the Parameter, the key, then its name."""
+    if key in optimizer.param_dict:
+        param = optimizer.param_dict[key]
+        return float(param.lr_mult), float(param.wd_mult)
+
+    def find(table) -> float:
+        if key in table:
+            return float(table[key])
+        return float(table.get(optimizer.idx2name.get(key), 1.0))
+    return find(optimizer.lr_mult), find(optimizer.wd_mult)
 
 
 def piece_key(index: int, piece: int) -> Optional[int]:
@@ -144,6 +158,7 @@ class ServerLink:
         self._ids: Dict[Key, int] = {}
         self._bounds: Dict[Key, np.ndarray] = {}   # row ranges of each table's pieces
         self._probes = 0  # probe keys count down from PROBE_KEY_TOP
+        self._optimizer = None   # the last one sent to the servers (``_send_multipliers``)
         #: small keys travel packed once the servers run kvhybrid's optimizer (packs.py);
         #: ``take_over`` sets these from the store's config (KVHYBRID_PACK_KEYS)
         self.pack_keys = True
@@ -278,6 +293,7 @@ class ServerLink:
             with self._waiting(lambda: f"the other client groups to init the rows of key "
                                        f"{key!r} on the parameter servers"):
                 self._kv.init(piece_key(index, i), part)   # blocks until every master has
+        self._send_multipliers(key)
 
     def _pieces(self, key: Key, ids: np.ndarray):
         """(piece, its first row, the slice of the sorted ``ids`` that fall in it)."""
@@ -398,6 +414,7 @@ class ServerLink:
                 self._kv.init(kid, value)
             self._kv.pull(kid, out=out)
             out.wait_to_read()
+        self._send_multipliers(key)
 
     @_in_order
     def push_pull(self, key: Key, value: NDArray, out: NDArray) -> None:
@@ -602,6 +619,7 @@ class ServerLink:
         the value moves (5 s at most).
         """
         kid = None if self.rejoin else PROBE_KEY_TOP - self._probes - 1
+        self._optimizer = optimizer
         with self._waiting("the parameter servers to take the optimizer"):
             self._kv.set_optimizer(ServerOptimizer(self._for_servers(optimizer, pieces), kid))
         if kid is None:   # the first start probed these servers; they keep their states
@@ -628,12 +646,12 @@ class ServerLink:
         self.packing = took and self.pack_keys
         return took
 
-    @staticmethod
-    def _for_servers(optimizer, pieces: int = 1):
+    def _for_servers(self, optimizer, pieces: int = 1):
         """A copy whose multipliers are keyed by ps-lite key. MXNet drops ``param_dict``
         when it pickles an optimizer, so the servers of plain ``dist_sync`` ignore each
         Parameter's ``lr_mult`` and ``wd_mult``; the copy carries them by index, for the
-        dense key and for every piece of a table."""
+        dense key and for every piece of a table, and those of the keys already on the
+        servers (``_send_multipliers`` sends those of later ones)."""
         clone = copy.copy(optimizer)
         clone.lr_mult, clone.wd_mult = dict(optimizer.lr_mult), dict(optimizer.wd_mult)
         for index, param in optimizer.param_dict.items():
@@ -641,7 +659,23 @@ class ServerLink:
                                   if piece_key(index, i) is not None]:
                 clone.lr_mult[kid] = param.lr_mult
                 clone.wd_mult[kid] = param.wd_mult
+        for key in self._ids:
+            lr_mult, wd_mult = multipliers(optimizer, key)
+            for kid in self.ps_keys(key):
+                clone.lr_mult[kid], clone.wd_mult[kid] = lr_mult, wd_mult
         return clone
+
+    def _send_multipliers(self, key: Key) -> None:
+        """After ``key`` took its ps-lite keys: the multipliers the optimizer gives ``key``
+        (found by its name or the store's key, as the workers' updater finds them), under
+        those keys, where they are not the default."""
+        if self._optimizer is None:
+            return
+        mults = multipliers(self._optimizer, key)
+        if mults == (1.0, 1.0):
+            return
+        with self._waiting(f"the parameter servers to take the multipliers of key {key!r}"):
+            self._kv.set_optimizer(MultipliersCommand({kid: mults for kid in self.ps_keys(key)}))
 
     @_in_order
     def command(self, action: str, directory: str, token: str, keys=()) -> None:

@@ -53,6 +53,7 @@ def _install(inner, probe_key: Optional[int] = None) -> "ServerOptimizer":
     _INSTALLED = ServerOptimizer(inner, probe_key)
     if previous is not None:
         _INSTALLED._packs = previous._packs
+        _INSTALLED.add_multipliers(previous._multipliers)
         if type(previous.inner) is type(inner):
             _INSTALLED._states = previous._states
             _INSTALLED._dense = previous._dense
@@ -78,6 +79,8 @@ class ServerOptimizer:
         self._dense: set = set()
         #: pack key -> (mask length, [(member key, first element, end)])
         self._packs: Dict[int, Tuple[int, List[Tuple[int, int, int]]]] = {}
+        #: ps-lite key -> (lr_mult, wd_mult) the workers resolved for it (``MultipliersCommand``)
+        self._multipliers: Dict[int, Tuple[float, float]] = {}
 
     def __reduce__(self):
         # the states stay where they are: only the optimizer travels
@@ -159,6 +162,12 @@ class ServerOptimizer:
 
     def add_packs(self, packs) -> None:
         self._packs.update(packs)
+
+    def add_multipliers(self, multipliers: Dict[int, Tuple[float, float]]) -> None:
+        """Each key's multipliers under its ps-lite key, where the optimizer looks first."""
+        self._multipliers.update(multipliers)
+        for kid, (lr_mult, wd_mult) in multipliers.items():
+            self.inner.lr_mult[kid], self.inner.wd_mult[kid] = lr_mult, wd_mult
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, path: str, token: str) -> None:
@@ -247,6 +256,29 @@ def add_packs(packs) -> Optional[ServerOptimizer]:
         raise RuntimeError("kvhybrid: a server got packed keys before an optimizer")
     _INSTALLED.add_packs(packs)
     return _INSTALLED
+
+
+def add_multipliers(multipliers) -> Optional[ServerOptimizer]:
+    """Set keys' multipliers on this server (unpickled there, see ``MultipliersCommand``)."""
+    if _INSTALLED is None:
+        raise RuntimeError("kvhybrid: a server got multipliers before an optimizer")
+    _INSTALLED.add_multipliers(multipliers)
+    return _INSTALLED
+
+
+class MultipliersCommand:
+    """Keys' (lr_mult, wd_mult) by ps-lite key, as a worker sends them (unpickled on a
+    server, it runs ``add_multipliers`` there): a key whose multipliers the optimizer finds
+    by its name or the store's key (``Module``'s str keys; ``idx2name``) is another number
+    on the servers."""
+
+    def __init__(self, multipliers):
+        self.multipliers = multipliers
+
+    def __reduce__(self):
+        return add_multipliers, (self.multipliers,)
+
+    multi_precision = False
 
 
 class PackCommand:
