@@ -32,10 +32,11 @@ def _ranks(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def explain(what: str, details) -> str:
+def explain(what: str, details, uneven: str = "") -> str:
     """The KeyValueError every rank raises when the ranks' calls differ or one failed its
     checks: what failed where, or how the calls differ (``details``: each rank's (local
-    error, call text))."""
+    error, call text); ``uneven``: the sentence saying the ranks are at different training
+    steps, if they are: ``watchdog.steps_differ``)."""
     errors = defaultdict(list)
     for rank, (error, _) in enumerate(details):
         if error:
@@ -47,5 +48,7 @@ def explain(what: str, details) -> str:
     for rank, (_, sig) in enumerate(details):
         calls[sig].append(rank)
     parts = [f"{_ranks(ranks)} called {sig}" for sig, ranks in calls.items()]
+    if uneven:
+        return f"{what} differs between ranks: {'; '.join(parts)}. {uneven}"
     return (f"{what} differs between ranks: {'; '.join(parts)}. Every rank must make the same "
             "calls, in the same order, with the same arguments (keys, shapes, dtypes, settings)")

@@ -25,7 +25,7 @@ from typing import Deque, Dict, List, Optional
 
 log = logging.getLogger("kvhybrid.launch")
 
-_BARE_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>: ?$")
+_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
 
 GRACE_SECONDS = 4.0
 #: the delay before a restart: ps-lite's scheduler must have
@@ -57,6 +57,34 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+class TaggedLines:
+    """A rank's lines from mpirun's ``--tag-output`` stream, each tagged once. mpirun tags
+    every write, and an unbuffered ``print(a, b)`` writes each piece on its own, so one line
+    of a rank arrives as tagged pieces, between other ranks' pieces: each tag's pieces are
+    joined, and a newline in the stream ends the line of the tag before it."""
+
+    def __init__(self):
+        self._open: Dict[str, str] = {}   # tag -> the start of its line
+
+    def feed(self, line: str) -> List[str]:
+        """The lines that one line of the stream (without its newline) completes."""
+        tags = _TAG.findall(line)
+        if not tags:   # mpirun's own words, or a launcher that does not tag
+            return [line]
+        pieces = _TAG.split(line)
+        done = [pieces[0]] if pieces[0] else []   # (untagged text before the first tag)
+        for tag, piece in zip(tags, pieces[1:]):
+            self._open[tag] = self._open.get(tag, "") + piece
+        done.append(tags[-1] + self._open.pop(tags[-1]))
+        return done
+
+    def rest(self) -> List[str]:
+        """Lines the stream left unfinished (a rank's last write had no newline)."""
+        done = [tag + text for tag, text in self._open.items()]
+        self._open.clear()
+        return done
 
 
 class Terminated(KeyboardInterrupt):
@@ -124,17 +152,18 @@ class Supervisor:
                  proc.popen.pid, proc.attempt)
 
     def _pump(self, proc: Managed, popen: subprocess.Popen) -> None:
+        lines = TaggedLines()
         for line in popen.stdout:
-            # mpirun --tag-output tags every write; an unbuffered print() writes its newline
-            # separately, which leaves bare tags behind: drop them.
             # (ssh -tt hands lines over a pseudo-terminal, which ends them with "\r\n")
-            line = _BARE_TAG.sub("", line.rstrip("\r\n"))
-            if not line:
-                continue
-            line += "\n"
-            proc.tail.append(line.rstrip("\n"))
+            self._write(proc, lines.feed(line.rstrip("\r\n")))
+        self._write(proc, lines.rest())
+
+    def _write(self, proc: Managed, lines: List[str]) -> None:
+        for line in lines:
+            proc.tail.append(line)
+        if lines:
             with self._lock:
-                self._out.write(f"[{proc.name}] {line}")
+                self._out.write("".join(f"[{proc.name}] {line}\n" for line in lines))
                 self._out.flush()
 
     def wait(self, poll: float = 0.1) -> int:

@@ -111,12 +111,28 @@ def pairs(key, value, arg: str = "value", sparse_ok: bool = False) -> List[Tuple
         keys, values = [check_key(key)], [value]
     if len(set(keys)) != len(keys):
         raise KeyValueError(f"keys {keys} repeat a key: pass each key once per call")
+    if len({isinstance(k, str) for k in keys}) > 1:
+        raise KeyValueError(f"keys {keys} mix int and str keys: a store takes keys of one "
+                            "type, as MXNet's stores do; pass keys of one type")
     return [(k, _arrays(k, v, arg, sparse_ok)) for k, v in zip(keys, values)]
+
+
+def check_key_type(slots: Dict[Key, KeySlot], key: Key) -> None:
+    """A store's keys are all ints or all strs, as in MXNet's stores (``test_invalid_pull``):
+    a key of the other type is refused, not taken as a new key."""
+    first = next(iter(slots), None)
+    if first is not None and isinstance(first, str) != isinstance(key, str):
+        kind = "str" if isinstance(first, str) else "int"
+        raise KeyValueError(f"key {key!r} is {'a str' if isinstance(key, str) else 'an int'}, "
+                            f"but this store's keys are {kind}s (the first: {first!r}): a "
+                            f"store takes keys of one type, as MXNet's stores do; use {kind} "
+                            "keys")
 
 
 def lookup(slots: Dict[Key, KeySlot], key: Key) -> KeySlot:
     slot = slots.get(key)
     if slot is None:
+        check_key_type(slots, key)
         known = sorted(map(str, slots))[:8]
         raise KeyValueError(f"key {key!r} was never initialised: call init({key!r}, value) or "
                             f"broadcast({key!r}, value, out) on every rank first"

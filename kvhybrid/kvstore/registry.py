@@ -9,8 +9,13 @@ What is filed is a small factory per name that imports the store's module when
 ``@KVStoreBase.register`` would file a class under its lower-cased class name;
 ``hybrid-mpi`` has a hyphen, so the registry entries are written directly. Each store's
 ``type`` is filed too, so ``mx.kv.create(kv.type)`` round-trips and
-``gluon.Trainer(..., kvstore='dist_sync_hybrid-mpi')`` (a name holding ``dist``, which
-Gluon needs to create a store for a single device) works.
+``gluon.Trainer(..., kvstore='dist_sync_hybrid-mpi')`` works.
+
+MXNet's front doors take a store's name too (``gluon.Trainer(kvstore=...)``,
+``Module.fit`` and ``init_optimizer``), through ``model._create_kvstore``, which creates a
+store by name only where the name holds ``dist`` or a worker has several devices: with one
+device ``kvstore='hybrid-mpi'`` would train every rank alone, silently. ``create_by_name``
+makes that function create kvhybrid's names first.
 
 MXNet's own ``dist_*`` stores in a process that imported kvhybrid sign the optimizer they
 send to the servers when the job has a secret (``sign_mxnet_commands``): kvhybrid's servers
@@ -88,10 +93,32 @@ def sign_mxnet_commands() -> None:
     KVStore._send_command_to_servers = signed
 
 
+def create_by_name() -> None:
+    """Make ``model._create_kvstore`` create kvhybrid's stores from their names, wherever
+    MXNet calls it from (``gluon.Trainer``, ``Module``); idempotent."""
+    from mxnet import kvstore, model
+    original = model._create_kvstore
+    if getattr(original, "kvhybrid_names", False):
+        return
+
+    @functools.wraps(original)
+    def create(store, num_device, arg_params):
+        if isinstance(store, str) and store in STORES:
+            store = kvstore.create(store)
+        return original(store, num_device, arg_params)
+
+    create.kvhybrid_names = True
+    for name in ("mxnet.model", "mxnet.gluon.trainer", "mxnet.module.module"):
+        module = importlib.import_module(name)
+        if getattr(module, "_create_kvstore", None) is original:
+            module._create_kvstore = create
+
+
 def register() -> None:
     """File every kvhybrid store in MXNet's registry (MXNet must be loaded)."""
     from mxnet.kvstore import KVStoreBase
     sign_mxnet_commands()
+    create_by_name()
     for name in STORES:
         KVStoreBase.kv_registry[name] = _factory(name)
 

@@ -35,6 +35,7 @@ from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently
                                        scatter_bytes, scatter_rows, sum_rows, take_rows,
                                        union_ids, unique_ids)
 from ..tensor_collectives.ops import allreduce_patiently
+from ..tensor_collectives.watchdog import current_step, steps_differ
 from ..tensor_collectives.operators import copy
 from .agreement import PULL_CHECK, PULL_ERROR, TAG, UNCOVERED, agree, digest
 from .keys import Key, KeySlot
@@ -238,8 +239,9 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                             hand_out_group, name=f"the verdict on the push of key(s) {keys} "
                                                  "and the prefetched rows")
         if got[:8].view(np.int64)[0]:   # rare: the calls' texts; the thread stops, all raise
-            details = hand_out_group.comm.gather(call, root=0)
-            text = explain("push", details) if hand_out_group.rank == 0 else None
+            details = hand_out_group.comm.gather((call, current_step()), root=0)
+            text = explain("push", [c for c, _ in details], steps_differ(
+                s for _, s in details)) if hand_out_group.rank == 0 else None
             raise KeyValueError(hand_out_group.comm.bcast(text, root=0))
         start = 8
         for p, prefetch, size in zip(pushes, prefetches, row_bytes):

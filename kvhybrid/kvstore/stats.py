@@ -6,6 +6,8 @@ import json
 import time
 from typing import Deque, Dict, List
 
+from ..tensor_collectives.watchdog import post_step
+
 #: step times kept for KVHYBRID_STATS_FILE (the tuner reads them): a bounded clock
 MAX_TICKS = 10_001
 
@@ -15,6 +17,7 @@ class StepClock:
 
     def __init__(self):
         self.first_key = None   # the first key pushed: one push per step
+        self.steps = 0          # steps begun: pushes of the first key, this one included
         self._ticks: Deque[float] = collections.deque(maxlen=MAX_TICKS)
 
     @property
@@ -28,6 +31,8 @@ class StepClock:
             self.first_key = ident
         if ident == self.first_key:
             self._ticks.append(time.perf_counter())
+            self.steps += 1
+            post_step(self.steps)
 
     def step_seconds(self) -> List[float]:
         """Seconds between consecutive steps: the last ``MAX_TICKS - 1`` steps, so that a long

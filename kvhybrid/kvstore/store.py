@@ -47,7 +47,8 @@ from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ops import copy_to_all
 from .calls import Calls, call_key, keys_text, signed_work, unrecorded
 from .dense import DensePath, start_engine
-from .keys import Key, KeySlot, check_matches, check_pull_out, lookup, pairs, spec, zeros
+from .keys import (Key, KeySlot, check_key_type, check_matches, check_pull_out, lookup, pairs,
+                   spec, zeros)
 from .modes import AsyncMode, SyncMode
 from .placement import Placement
 from .ps.link import ServerLink
@@ -201,6 +202,7 @@ class HybridMPIStore(mx.kv.KVStore):
                 if k in self._slots:
                     raise KeyValueError(f"key {k!r} is already initialised: init each key once, "
                                         "or use broadcast() to overwrite its value")
+                check_key_type(self._slots, k)
                 if arrays[0].stype == "row_sparse":
                     self.sparse.check_new_table(k, arrays[0])
                     self.dense.check_rows_uncompressed(k, "init of a row_sparse table")
@@ -231,6 +233,7 @@ class HybridMPIStore(mx.kv.KVStore):
                                             "client groups a key is broadcast once: broadcast "
                                             "each key once")
                 else:
+                    check_key_type(self._slots, k)
                     self.placement.check_new_on_servers(k)
                 for arr in o:   # (another dtype is cast into, as a pull's outs)
                     if arr.shape != v[0].shape:
@@ -555,7 +558,11 @@ class HybridMPIStore(mx.kv.KVStore):
             log.warning("kvhybrid: closing with a pull unserved: %s", exc)
         self._closed = True
         placement = self.placement
-        stats = self.key_stats()
+        try:   # (rows fetched ahead that a failed collective left unserved)
+            stats = self.key_stats()
+        except KVHybridError as exc:
+            log.warning("kvhybrid: closing after a failed collective: %s", exc)
+            stats = {}
         if self.config.stats_file and self.rank == 0:
             write_stats(self.config.stats_file, self.clock, stats,
                         partitions=self.config.partitions, workers=self.num_workers,

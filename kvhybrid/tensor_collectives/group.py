@@ -14,7 +14,7 @@ from .algorithms import Algorithms
 from .host_barrier import HostBarrier
 from .meeting_rows import MeetingRows
 from .mpi_env import load_mpi
-from .watchdog import Watchdog, install_abort_on_uncaught_exception
+from .watchdog import Watchdog, current_step, install_abort_on_uncaught_exception, steps_differ
 
 log = logging.getLogger("kvhybrid")
 
@@ -116,9 +116,10 @@ class Group:
         raises the same KeyValueError, which names each rank's call."""
         with self.watchdog.waiting(
                 lambda: f"the ranks to exchange why {what or 'their calls'}{about} failed"):
-            details = self.comm.allgather((what, local_error, call))
-        agreed = next((w for w, _, _ in details if w), "a collective")
-        raise KeyValueError(explain(agreed, [(e, c) for _, e, c in details]))
+            details = self.comm.allgather((what, local_error, call, current_step()))
+        agreed = next((w for w, _, _, _ in details if w), "a collective")
+        raise KeyValueError(explain(agreed, [(e, c) for _, e, c, _ in details],
+                                    steps_differ(s for _, _, _, s in details)))
 
     def meeting_rows(self) -> Optional[MeetingRows]:
         """The slots of the rows' gathers and scatters made in the host barrier's meeting

@@ -44,7 +44,7 @@ _POLL_SECONDS = 0.25
 _ABORT_GRACE_SECONDS = 5.0
 OUTWARD_FACTOR = 1.5
 DEFERRED_FACTOR = 2.0
-_SEQ, _OUTWARD = 0, 1   # the two int64 slots each rank posts on the board
+_SEQ, _OUTWARD, _STEP = 0, 1, 2   # the three int64 slots each rank posts on the board
 
 
 def abort_job(MPI, message: str, exit_code: int = 1) -> None:
@@ -92,6 +92,44 @@ def _post_outward(flag: int) -> None:
             mine[_OUTWARD] = flag
 
 
+#: the training step this process is in (``post_step``), for messages about ranks that ran
+#: different numbers of batches
+_STEPS = [0]
+
+
+def post_step(step: int) -> None:
+    """Say which training step this process is in (the store's count of its steps), on every
+    board: a rank whose peers wait for it can tell the user when the ranks' steps differ."""
+    _STEPS[0] = step
+    for dog in list(_ALL):
+        mine = dog._board.get(dog.rank)
+        if mine is not None:
+            mine[_STEP] = step
+
+
+def current_step() -> int:
+    """The step this process posted last (0 before its first)."""
+    return _STEPS[0]
+
+
+def steps_differ(steps) -> str:
+    """The sentence that says the ranks are at different training steps (``steps``: each
+    rank's, by rank), or "" where they are at the same one."""
+    steps = list(steps)
+    if len(set(steps)) < 2:
+        return ""
+    by_step: Dict[int, List[int]] = {}
+    for rank, step in enumerate(steps):
+        by_step.setdefault(step, []).append(rank)
+    at = "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} at step {s}"
+                   for s, r in sorted(by_step.items(), reverse=True))
+    return (f"The ranks are at different training steps ({at}; a step is one push of the "
+            "first key): they ran different numbers of batches. Give every rank the same "
+            "number of batches: split the data into equal parts (each rank's own share, "
+            "mx.io.NDArrayIter(..., last_batch_handle='discard')), or stop every rank after "
+            "the count of the rank with the fewest")
+
+
 class Watchdog:
     """Times every blocking wait of one communicator; one thread per group."""
 
@@ -123,19 +161,20 @@ class Watchdog:
 
     # -- the shared-memory progress board --------------------------------------------
     def _make_board(self):
-        """Two int64 slots per rank on this host: the number of the wait it has entered
-        (or ``-(that number) - 1`` once it has closed its store and left), and 1 while it
-        is inside an outward wait."""
+        """Three int64 slots per rank on this host: the number of the wait it has entered
+        (or ``-(that number) - 1`` once it has closed its store and left), 1 while it is
+        inside an outward wait, and its training step (``post_step``)."""
         MPI = self._MPI
         try:
             node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
-            win = MPI.Win.Allocate_shared(16, 8, comm=node)
+            win = MPI.Win.Allocate_shared(24, 8, comm=node)
             ranks = node.allgather(self.rank)
             board = {}
             for node_rank, rank in enumerate(ranks):
                 buf, _ = win.Shared_query(node_rank)
-                board[rank] = np.frombuffer(buf, dtype=np.int64, count=2)
+                board[rank] = np.frombuffer(buf, dtype=np.int64, count=3)
             board[self.rank][:] = 0
+            board[self.rank][_STEP] = current_step()
             node.Free()
             return board, win
         except Exception as exc:  # no shared memory: laggards are then reported as unknown
@@ -246,7 +285,8 @@ class Watchdog:
             elif int(slot[_SEQ]) < seq:
                 outside = ", waiting for the parameter servers" if slot[_OUTWARD] else ""
                 behind.append(f"{self.describe(rank)} is still before it "
-                              f"(at wait #{int(slot[_SEQ])}{outside}{self._stopped(rank)})")
+                              f"(at wait #{int(slot[_SEQ])}, step {int(slot[_STEP])}{outside}"
+                              f"{self._stopped(rank)})")
             elif self._stopped(rank):   # it arrived, then stopped inside the wait
                 behind.append(f"{self.describe(rank)} is stopped (SIGSTOP, or a debugger) "
                               f"inside wait #{int(slot[_SEQ])}")
@@ -258,17 +298,23 @@ class Watchdog:
     def _stopped(self, rank: int) -> str:
         return ", stopped" if _pid_state(self.peers[rank][1]) in ("T", "t") else ""
 
-    def _gone_peer(self, seq: int) -> Optional[str]:
-        """A peer on this host that will never reach wait ``seq``, described, or None."""
+    def _gone_peer(self, seq: int) -> Optional[Tuple[str, str]]:
+        """A peer on this host that will never reach wait ``seq``, described, with the advice
+        for the user; or None."""
+        advice = "Every rank must make the same calls; look at that rank's output for the cause."
         for rank in self._local:
             if rank == self.rank:
                 continue
             if not _pid_alive(self.peers[rank][1]):
-                return f"{self.describe(rank)} has exited"
+                return f"{self.describe(rank)} has exited", advice
             slot = self._board.get(rank)
             if slot is not None and int(slot[_SEQ]) < 0 and -int(slot[_SEQ]) - 1 < seq:
-                left = -int(slot[_SEQ]) - 1
-                return f"{self.describe(rank)} has closed its store after wait #{left}"
+                left, theirs, mine = -int(slot[_SEQ]) - 1, int(slot[_STEP]), current_step()
+                uneven = steps_differ({rank: theirs, self.rank: mine}.get(r, mine)
+                                      for r in range(len(self.peers)))
+                return (f"{self.describe(rank)} has closed its store after wait #{left} "
+                        f"(at step {theirs}; rank {self.rank} is at step {mine})",
+                        f"{uneven}." if uneven else advice)
         return None
 
     def _limit_now(self, seq: int) -> float:
@@ -309,9 +355,8 @@ class Watchdog:
             elapsed = time.monotonic() - self._since
             gone = self._gone_peer(seq)
             if gone:
-                abort_job(self._MPI, f"kvhybrid: {gone} while rank {self.rank} waited for {what} "
-                                     f"(wait #{seq}); aborting the job. Every rank must make the "
-                                     "same calls; look at that rank's output for the cause.")
+                abort_job(self._MPI, f"kvhybrid: {gone[0]} while rank {self.rank} waited for "
+                                     f"{what} (wait #{seq}); aborting the job. {gone[1]}")
                 return
             limit = self._limit_now(seq)
             if elapsed > limit and self._what is current:

@@ -50,11 +50,12 @@ def _private_reaches(relative_dir: str):
 def test_the_stores_parts_use_each_other_only_through_public_names():
     # placement, calls, dense, sparse, modes, elastic: a part that reads another's private
     # state couples them silently (the old store shared _cross, _slots, _memo, _servers, ...);
-    # the exceptions are MXNet's own: the registry wraps its command sender, and the flat
+    # the exceptions are MXNet's own: the registry wraps its command sender and its store
+    # factory (model._create_kvstore, which Trainer and Module call), and the flat
     # SGD update keeps the bookkeeping every MXNet optimizer's update makes (update counts
     # for schedules, per-key learning rates and weight decays)
-    mxnet_own = ("KVStore._send_command_to_servers", "opt._update_count", "opt._get_lrs",
-                 "opt._get_wds")
+    mxnet_own = ("KVStore._send_command_to_servers", "._create_kvstore",
+                 "opt._update_count", "opt._get_lrs", "opt._get_wds")
     found = [f for f in _private_reaches("kvstore") + _private_reaches("elastic")
              if not any(name in f for name in mxnet_own)]
     assert found == []

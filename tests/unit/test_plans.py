@@ -22,8 +22,8 @@ def test_one_key_and_one_array_make_one_pair():
 
 def test_a_list_of_keys_pairs_each_with_its_devices_arrays():
     a, b = mx.nd.zeros((2,)), mx.nd.ones((2,))
-    got = pairs(["w", 3], [[a, b], a])
-    assert [(k, len(v)) for k, v in got] == [("w", 2), (3, 1)]
+    got = pairs(["w", "v"], [[a, b], a])
+    assert [(k, len(v)) for k, v in got] == [("w", 2), ("v", 1)]
 
 
 @pytest.mark.parametrize("key,value,says", [

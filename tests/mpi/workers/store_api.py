@@ -48,19 +48,19 @@ kv.pull("a", out=outs[0])
 check("push_stores_sum", val(outs[0]) == [[3.0 * size] * 3] * 2, val(outs[0]))
 
 # pushpull into out leaves value alone; in place overwrites value
-kv.init(1, mx.nd.zeros((4,)))
+kv.init("b", mx.nd.zeros((4,)))
 value, out = mx.nd.full((4,), rank + 1), mx.nd.zeros((4,))
-kv.pushpull(1, value, out=out)
+kv.pushpull("b", value, out=out)
 total = size * (size + 1) / 2
 check("pushpull_out_sums", val(out) == [total] * 4, val(out))
 check("pushpull_out_keeps_value", val(value) == [rank + 1.0] * 4, val(value))
-kv.pushpull(1, value)
+kv.pushpull("b", value)
 check("pushpull_in_place_sums", val(value) == [total] * 4, val(value))
 
-# key lists, as MXNet's classic API takes them
-kv.init([10, 11], [mx.nd.zeros((2,)), mx.nd.zeros((3,))])
+# key lists, as MXNet's classic API takes them (str keys throughout: a store takes one type)
+kv.init(["k10", "k11"], [mx.nd.zeros((2,)), mx.nd.zeros((3,))])
 vals = [mx.nd.ones((2,)), mx.nd.ones((3,)) * 2]
-kv.pushpull([10, 11], vals)
+kv.pushpull(["k10", "k11"], vals)
 check("key_lists", val(vals[0]) == [size] * 2 and val(vals[1]) == [2.0 * size] * 3,
       [val(v) for v in vals])
 
@@ -95,13 +95,13 @@ kv.pull(["rs2", "rs3"], out=[rsp_outs] * 2, ignore_sparse=False)
 check("pull_without_ignore_sparse_of_key_lists",
       all(np.array_equal(o.asnumpy(), np.full((6, 2), 2.0 * size)) for o in rsp_outs),
       [val(o.tostype("default")) for o in rsp_outs])
-kv.init(20, mx.nd.zeros((3,)))
+kv.init("k20", mx.nd.zeros((3,)))
 half = mx.nd.zeros((3,), dtype="float16")
-kv.pushpull(20, mx.nd.full((3,), rank + 1), out=half)
+kv.pushpull("k20", mx.nd.full((3,), rank + 1), out=half)
 check("pushpull_out_of_another_dtype_is_cast",
       half.dtype == np.float16 and val(half) == [total] * 3, (half.dtype, val(half)))
 wide = mx.nd.zeros((3,), dtype="float64")
-kv.broadcast(21, mx.nd.full((3,), rank + 7), out=wide)
+kv.broadcast("k21", mx.nd.full((3,), rank + 7), out=wide)
 check("broadcast_out_of_another_dtype_is_cast", wide.dtype == np.float64 and val(wide) == [7.0] * 3,
       (wide.dtype, val(wide)))
 
