@@ -310,8 +310,9 @@ class Watchdog:
             slot = self._board.get(rank)
             if slot is not None and int(slot[_SEQ]) < 0 and -int(slot[_SEQ]) - 1 < seq:
                 left, theirs, mine = -int(slot[_SEQ]) - 1, int(slot[_STEP]), current_step()
-                uneven = steps_differ({rank: theirs, self.rank: mine}.get(r, mine)
-                                      for r in range(len(self.peers)))
+                steps = [mine] * len(self.peers)   # (the others: as far as this rank knows)
+                steps[rank] = theirs
+                uneven = steps_differ(steps)
                 return (f"{self.describe(rank)} has closed its store after wait #{left} "
                         f"(at step {theirs}; rank {self.rank} is at step {mine})",
                         f"{uneven}." if uneven else advice)
