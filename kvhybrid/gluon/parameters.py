@@ -15,11 +15,13 @@ from mxnet.gluon import ParameterDict
 from ..errors import KeyValueError
 from ..tensor_collectives import broadcast
 from ..kvstore.agreement import agree
+from ..kvstore.keys import OWN_KEYS
 from ..kvstore.store import HybridMPIStore
 
 
-#: Prefix of the store keys that carry parameters across client groups.
-PREFIX = "kvhybrid.broadcast_parameters:"
+#: Prefix of the store keys that carry parameters across client groups (kvhybrid's own: a
+#: Trainer's int keys may follow them in the same store)
+PREFIX = f"{OWN_KEYS}broadcast_parameters:"
 
 
 def broadcast_parameters(params: Union[ParameterDict, dict], store: HybridMPIStore,

@@ -18,6 +18,13 @@ from ..errors import KeyValueError
 
 Key = Union[int, str]
 Arrays = List[NDArray]
+#: the start of the str keys kvhybrid itself puts in a store (``broadcast_parameters``
+#: across client groups): they count for neither key type
+OWN_KEYS = "kvhybrid."
+
+
+def _own(key) -> bool:
+    return isinstance(key, str) and key.startswith(OWN_KEYS)
 
 
 def zeros(shape, ctx, dtype) -> NDArray:
@@ -111,7 +118,7 @@ def pairs(key, value, arg: str = "value", sparse_ok: bool = False) -> List[Tuple
         keys, values = [check_key(key)], [value]
     if len(set(keys)) != len(keys):
         raise KeyValueError(f"keys {keys} repeat a key: pass each key once per call")
-    if len({isinstance(k, str) for k in keys}) > 1:
+    if len({isinstance(k, str) for k in keys if not _own(k)}) > 1:
         raise KeyValueError(f"keys {keys} mix int and str keys: a store takes keys of one "
                             "type, as MXNet's stores do; pass keys of one type")
     return [(k, _arrays(k, v, arg, sparse_ok)) for k, v in zip(keys, values)]
@@ -120,7 +127,9 @@ def pairs(key, value, arg: str = "value", sparse_ok: bool = False) -> List[Tuple
 def check_key_type(slots: Dict[Key, KeySlot], key: Key) -> None:
     """A store's keys are all ints or all strs, as in MXNet's stores (``test_invalid_pull``):
     a key of the other type is refused, not taken as a new key."""
-    first = next(iter(slots), None)
+    if _own(key):
+        return
+    first = next((k for k in slots if not _own(k)), None)
     if first is not None and isinstance(first, str) != isinstance(key, str):
         kind = "str" if isinstance(first, str) else "int"
         raise KeyValueError(f"key {key!r} is {'a str' if isinstance(key, str) else 'an int'}, "
