@@ -107,6 +107,10 @@ def post_step(step: int) -> None:
             mine[_STEP] = step
 
 
+#: whether this process said that its peers are at later steps than it (``close``)
+_SAID_AHEAD: List[bool] = []
+
+
 def current_step() -> int:
     """The step this process posted last (0 before its first)."""
     return _STEPS[0]
@@ -147,7 +151,7 @@ class Watchdog:
         self._seq = 0
         self._what: Optional[Description] = None
         self._limit = timeout
-        self._hint: Optional[str] = None
+        self._hint: Optional[Description] = None
         self._since = 0.0
         self._warned = False
         #: waits no thread of this process blocks in (``watch``): id -> (since, what, limit)
@@ -184,14 +188,15 @@ class Watchdog:
     # -- the public part ---------------------------------------------------------------
     @contextlib.contextmanager
     def waiting(self, what: Description, collective: bool = True,
-                timeout: Optional[float] = None, hint: Optional[str] = None,
+                timeout: Optional[float] = None, hint: Optional[Description] = None,
                 outward: bool = False):
         """Run a blocking wait described by ``what`` under the timeout.
 
         Collective waits are numbered (the same numbers on every rank, since
         every rank makes the same calls) and posted on the board; local waits
         (the MXNet engine) are timed but not numbered. ``timeout`` replaces the
-        group's for this wait, and ``hint`` the advice given when it expires.
+        group's for this wait, and ``hint`` (text, or a function that makes it) the advice
+        given when it expires.
         ``outward`` marks a wait on processes outside the group (the parameter
         servers): it gets ``OUTWARD_FACTOR`` x the timeout and is posted on the board.
         """
@@ -216,7 +221,7 @@ class Watchdog:
             if outward:
                 _post_outward(0)
 
-    def waiting_behind(self, what: Description, hint: Optional[str] = None):
+    def waiting_behind(self, what: Description, hint: Optional[Description] = None):
         """``waiting`` for work another thread of this process does, whose own waits are
         timed (by this watchdog or its group's: the communication thread's collectives, a
         master's wait for the servers, a rank's deferred wait behind it). A backstop: its
@@ -256,10 +261,25 @@ class Watchdog:
     def close(self) -> None:
         self._stop.set()
         if self._board:
+            self._say_if_peers_are_ahead()
             self._board[self.rank][_SEQ] = -self._seq - 1
         if self._board_window is not None:
             self._board = {}
             self._board_window = None  # freed with MPI; Win.Free is collective
+
+    def _say_if_peers_are_ahead(self) -> None:
+        """Closing while a peer on this host, still in, is at a later step: this rank ran
+        fewer batches, and that peer will wait for it in vain. Say so here too (once per
+        process), since that peer's message is all the user would see."""
+        mine = current_step()
+        steps = [mine] * len(self.peers)
+        for rank, slot in self._board.items():
+            if int(slot[_SEQ]) >= 0 and int(slot[_STEP]) > mine:
+                steps[rank] = int(slot[_STEP])
+        if steps_differ(steps) and not _SAID_AHEAD:
+            _SAID_AHEAD.append(True)
+            log.error("kvhybrid: rank %d closes its store at step %d. %s", self.rank, mine,
+                      steps_differ(steps))
 
     def describe(self, rank: int) -> str:
         host, pid = self.peers[rank]
@@ -339,7 +359,9 @@ class Watchdog:
                 return (f"kvhybrid: rank {self.rank} timed out after {limit:.0f} s waiting for "
                         f"{text}: a parameter server or a worker of another client group is "
                         "stuck or unreachable (the launcher's summary and that group's output "
-                        "name which); if this wait is legitimately longer, raise "
+                        "name which), or another group ran fewer batches and has finished "
+                        f"(every group must make the same number of steps; this rank is at "
+                        f"step {current_step()}); if this wait is legitimately longer, raise "
                         "KVHYBRID_TIMEOUT")
         return None
 
@@ -361,9 +383,10 @@ class Watchdog:
                 return
             limit = self._limit_now(seq)
             if elapsed > limit and self._what is current:
-                advice = self._hint or (f"{self._laggards(seq)}. A rank is stuck or ran a different "
-                                        "sequence of calls; if this wait is legitimately longer, "
-                                        "raise KVHYBRID_TIMEOUT.")
+                hint = self._hint() if callable(self._hint) else self._hint
+                advice = hint or (f"{self._laggards(seq)}. A rank is stuck or ran a different "
+                                  "sequence of calls; if this wait is legitimately longer, "
+                                  "raise KVHYBRID_TIMEOUT.")
                 abort_job(self._MPI, f"kvhybrid: rank {self.rank} timed out after "
                                      f"{limit:.0f} s waiting for {what} (wait #{seq}): {advice}")
                 return

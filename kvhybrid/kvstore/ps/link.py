@@ -36,7 +36,7 @@ from mxnet.ndarray import NDArray
 from ...errors import KeyValueError
 from ...tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
                                                 host_view, wait_to_write)
-from ...tensor_collectives.watchdog import Watchdog
+from ...tensor_collectives.watchdog import Watchdog, current_step
 from ..keys import Key
 from . import packs
 from .server import Command, MultipliersCommand, PackCommand, ServerOptimizer
@@ -101,10 +101,13 @@ def scheduler_address() -> str:
     return f"{os.environ.get('DMLC_PS_ROOT_URI', '?')}:{os.environ.get('DMLC_PS_ROOT_PORT', '?')}"
 
 
-#: what to do when a wait on the servers runs out
-_SERVERS_HINT = ("a parameter server or a worker of another client group is stuck or unreachable "
-                 "(the launcher's summary and that group's output name which); if this wait is "
-                 "legitimately longer, raise KVHYBRID_TIMEOUT")
+def _servers_hint() -> str:
+    """What to do when a wait on the servers runs out."""
+    return ("a parameter server or a worker of another client group is stuck or unreachable "
+            "(the launcher's summary and that group's output name which), or another group "
+            "ran fewer batches and has finished (every group must make the same number of "
+            f"steps; this rank is at step {current_step()}); if this wait is legitimately "
+            "longer, raise KVHYBRID_TIMEOUT")
 
 _LINK: Optional["ServerLink"] = None
 
@@ -223,7 +226,7 @@ class ServerLink:
         if not self._deferred or getattr(self._thread, "watchdog", None) is not None:
             return
         with self._watchdog.waiting_behind("the communication thread to hand this group's "
-                                           "rows to the parameter servers", hint=_SERVERS_HINT):
+                                           "rows to the parameter servers", hint=_servers_hint):
             with self._deferred_done:
                 while self._deferred:
                     self._deferred_done.wait(0.05)
@@ -233,7 +236,7 @@ class ServerLink:
         an outward wait (a longer limit): when a worker of another group is stuck, that
         group's own ranks, who wait on it directly, report it by name first."""
         return (getattr(self._thread, "watchdog", None) or self._watchdog).waiting(
-            what, collective=False, outward=True, hint=_SERVERS_HINT)
+            what, collective=False, outward=True, hint=_servers_hint)
 
     @property
     def ps_rank(self) -> int:
