@@ -26,7 +26,8 @@ from typing import Dict, List, Optional
 from . import slurm, tune
 from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
 from .mpirun import (DEFAULT_ENV, MpiImplementation, MpiJob, MpiUnsupported, build_command,
-                     check_supported, find_mpirun, implementation, job_env, runtime_setting)
+                     check_supported, find_mpirun, implementation, job_env, output_tag,
+                     runtime_setting)
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
 from .supervisor import Supervisor
 from .transport import (TRANSPORTS, address, check_ssh, free_port, hand_secret, listening,
@@ -387,7 +388,7 @@ class Job:
                 sup.start(f"server {i}", host, *self._ps_node("server", host), essential=False)
         for c in plan.clients:
             sup.start(f"client {c.client}", c.master_host, *self.client(c), essential=True,
-                      restarts=self.restarts)
+                      restarts=self.restarts, tag=output_tag(self.mpi.kind))
         return sup.wait()
 
     def _start_scheduler(self, sup: Supervisor) -> bool:

@@ -155,6 +155,13 @@ def job_env(user: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
+def output_tag(kind: str) -> str:
+    """The tag ``build_command``'s mpirun puts before each piece a rank writes (a regular
+    expression): Open MPI's ``--tag-output`` ("[1,0]<stdout>:"), Hydra's ``-prepend-rank``
+    ("[0] ")."""
+    return r"\[\d+,\d+\]<std(?:out|err)>:" if kind == "openmpi" else r"\[\d+\] "
+
+
 def tuning_args(env: Dict[str, str], extra_args: List[str]) -> List[str]:
     """``--mca`` arguments that make Open MPI's allreduce use ALLREDUCE_RULES, or none
     when the user tunes ``coll_tuned`` themselves (in the environment or --mpi-args)."""

@@ -25,7 +25,6 @@ from typing import Deque, Dict, List, Optional
 
 log = logging.getLogger("kvhybrid.launch")
 
-_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
 
 GRACE_SECONDS = 4.0
 #: the delay before a restart: ps-lite's scheduler must have
@@ -60,20 +59,22 @@ def _kill_group(pid: int) -> None:
 
 
 class TaggedLines:
-    """A rank's lines from mpirun's ``--tag-output`` stream, each tagged once. mpirun tags
-    every write, and an unbuffered ``print(a, b)`` writes each piece on its own, so one line
-    of a rank arrives as tagged pieces, between other ranks' pieces: each tag's pieces are
+    """Each rank's lines from an mpirun that tags its ranks' output (``tag``: the tag's
+    regular expression, ``mpirun.output_tag``), each tagged once. mpirun tags every piece it
+    reads, and an unbuffered ``print(a, b)`` writes each argument on its own, so one line of
+    a rank arrives as tagged pieces, between other ranks' pieces: each tag's pieces are
     joined, and a newline in the stream ends the line of the tag before it."""
 
-    def __init__(self):
+    def __init__(self, tag: Optional[str] = None):
+        self._tag = re.compile(tag) if tag else None
         self._open: Dict[str, str] = {}   # tag -> the start of its line
 
     def feed(self, line: str) -> List[str]:
         """The lines that one line of the stream (without its newline) completes."""
-        tags = _TAG.findall(line)
-        if not tags:   # mpirun's own words, or a launcher that does not tag
+        tags = self._tag.findall(line) if self._tag else []
+        if not tags:   # mpirun's own words, or a process that does not tag
             return [line]
-        pieces = _TAG.split(line)
+        pieces = self._tag.split(line)
         done = [pieces[0]] if pieces[0] else []   # (untagged text before the first tag)
         for tag, piece in zip(tags, pieces[1:]):
             self._open[tag] = self._open.get(tag, "") + piece
@@ -107,6 +108,7 @@ class Managed:
     restarts_left: int = 0
     attempt: int = 0
     restart_at: Optional[float] = None   # when a failed one is started again
+    tag: Optional[str] = None            # how its ranks' pieces are tagged (TaggedLines)
 
 
 class Supervisor:
@@ -116,9 +118,11 @@ class Supervisor:
         self._lock = threading.Lock()
 
     def start(self, name: str, host: str, cmd: List[str], env: Dict[str, str],
-              essential: bool, restarts: int = 0) -> Managed:
+              essential: bool, restarts: int = 0, tag: Optional[str] = None) -> Managed:
+        """Start a process of the job; ``tag``: how mpirun tags its ranks' output
+        (``mpirun.output_tag``), None for a process that does not."""
         proc = Managed(name, host, self._popen(cmd, env), essential, cmd=cmd, env=env,
-                       restarts_left=restarts)
+                       restarts_left=restarts, tag=tag)
         self.procs.append(proc)
         threading.Thread(target=self._pump, args=(proc, proc.popen), daemon=True).start()
         log.info("started %s on %s (pid %d)", name, host, proc.popen.pid)
@@ -152,7 +156,7 @@ class Supervisor:
                  proc.popen.pid, proc.attempt)
 
     def _pump(self, proc: Managed, popen: subprocess.Popen) -> None:
-        lines = TaggedLines()
+        lines = TaggedLines(proc.tag)
         for line in popen.stdout:
             # (ssh -tt hands lines over a pseudo-terminal, which ends them with "\r\n")
             self._write(proc, lines.feed(line.rstrip("\r\n")))

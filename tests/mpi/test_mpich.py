@@ -24,6 +24,18 @@ def test_pure_mpi_job_with_mpich():
     assert "-prepend-rank" in _dry_run(["-n", 3])   # MPICH's command line, not Open MPI's
 
 
+def test_an_unbuffered_print_of_several_pieces_arrives_as_one_line_with_mpich():
+    # Hydra's -prepend-rank puts "[r] " before each piece it reads of a rank's output
+    r = run_launcher(["-n", 2], "print_lines.py", timeout=120,
+                     env={**MPICH.env(), "PYTHONUNBUFFERED": "1"})
+    assert r.returncode == 0, r.output[-3000:]
+    lines = r.output.splitlines()
+    for rank in range(2):
+        for i in range(30):
+            want = f"[client 0] [{rank}] rank {rank} line {i} checksum {1234.5 * i}"
+            assert want in lines, (want, r.output[-3000:])
+
+
 def test_groups_and_servers_with_mpich_train_as_one_process(tmp_path):
     """Two MPICH groups of 2 with 2 servers, a SparseEmbedding and dense layers: the weights
     equal one process trained on every worker's batch."""
