@@ -75,6 +75,10 @@ PLAN = [
               "each one's own Allreduce"),
     Benchmark("fusion", "benchmarks.fusion", ["--repeats", "20"],
               "200 small keys a step: key by key, fused, fused in one buffer"),
+    Benchmark("module_sparse", "benchmarks.module_sparse",
+              ["--workers", "2", "4", "--optimizers", "sgd", "adam", "--rounds", "3"],
+              "MXNet's Module over CSR data (a 1,000,000-row row_sparse weight, eval and "
+              "checkpoints) in kvhybrid's shapes against dist_sync"),
     Benchmark("sparse_pull", "benchmarks.sparse_pull", ["--workers", "4", "--repeats", "10"],
               "a table's rows pulled by the group's master or by every worker"),
     Benchmark("partitions", "benchmarks.partitions",

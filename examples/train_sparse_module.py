@@ -92,7 +92,10 @@ def optimizer_params(name: str, lr: float) -> dict:
     return params
 
 
-def main() -> None:
+def main(argv=None, mark=lambda epoch, phase: None) -> None:
+    """Train; ``mark(epoch, phase)`` is called on every rank as each epoch's training and
+    its checkpoint start ("train", "checkpoint") and as the checkpoint ends ("done"), for a
+    benchmark's clocks (``benchmarks/module_sparse.py``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kvstore", default="hybrid-mpi", help="the store (default hybrid-mpi; "
                    "dist_sync for MXNet's own)")
@@ -106,7 +109,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--prefix", default=None, help="where rank 0 saves its checkpoints "
                    "(PREFIX-symbol.json, PREFIX-EPOCH.params; epoch 0: the initial weights)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     import kvhybrid  # noqa: F401  (files the hybrid-mpi stores with MXNet)
@@ -138,6 +141,7 @@ def main() -> None:
     checkpoint(0)
     metric = mx.metric.create(["acc", "ce"])
     for epoch in range(1, args.epochs + 1):
+        mark(epoch, "train")
         start = time.perf_counter()
         train.reset()
         metric.reset()
@@ -150,7 +154,9 @@ def main() -> None:
         held.reset()
         score = dict(mod.score(held, ["acc", "ce"]))
         seconds = time.perf_counter() - start
+        mark(epoch, "checkpoint")
         saving = checkpoint(epoch)
+        mark(epoch, "done")
         if kv.rank == 0:
             trained = dict(metric.get_name_value())
             print(f"epoch {epoch}: train accuracy {trained['accuracy']:.3f}, held-out accuracy "

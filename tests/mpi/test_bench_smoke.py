@@ -38,6 +38,18 @@ def test_sparse_pull_benchmark_measures_both_designs(tmp_path):
     assert all(r["pull_ms"] > 0 and r["rows_per_worker"] > 0 for r in by_design.values())
 
 
+def test_module_benchmark_runs_every_shape_beside_dist_sync(tmp_path):
+    table, results = run_bench("module_sparse", tmp_path, "--workers", 2, "--optimizers", "adam",
+                               "--rounds", 1, "--epochs", 2, "--batches", 2,
+                               "--features", 5000)
+    [got] = results["rounds"]
+    assert set(got["2 adam"]) == {"dist_sync", "one group", "group per worker", "pure MPI"}
+    assert all(v["epoch_s"] > 0 and v["epoch_machine_cpu_s"] > 0
+               for v in got["2 adam"].values())
+    for shape in ("one group + servers", "a group per worker + servers", "pure MPI"):
+        assert f"| 2 adam | kvhybrid, {shape} |" in table
+
+
 def test_fusion_benchmark_measures_every_case(tmp_path):
     table, results = run_bench("fusion", tmp_path, "--keys", 8, "--key-kb", 4, "--ranks", 2,
                                "--repeats", 2, "--warmup", 1)
