@@ -1,6 +1,6 @@
 """Regenerate every benchmark's current result in one run.
 
-    python -m benchmarks all                  # every benchmark, about 55 minutes on 2 cores
+    python -m benchmarks all                  # every benchmark, about 65 minutes on 2 cores
     python -m benchmarks all --only models fusion
     python -m benchmarks list                 # what ``all`` runs, with each command
 
@@ -12,7 +12,7 @@ where the run is and how long each took; a benchmark that fails does not stop th
 and the run exits non-zero naming it. Last, ``benchmarks.status`` redraws the headline plot
 and the README's status table from the models' results.
 
-The settings are chosen to fit about 30 minutes on a 2-core machine, and 25 more for the
+The settings are chosen to fit about 40 minutes on a 2-core machine, and 25 more for the
 papers' page on emulated hosts: 3 rounds of every comparison (the systems' order alternated;
 one round for the papers' page), shorter runs than each benchmark's defaults (20 steps a
 models job, NMT on loopback only, 1,000 keys in the load test, 15 and 3 epochs of the
