@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from .common import footer, grouped_bars, ratio_cell, run_job, save_figure
+from .common import footer, grouped_bars, ratio_cell, run_job, save_figure, write_outputs
+from .cpu import machine_seconds
 
 log = logging.getLogger("benchmarks")
 
@@ -47,13 +48,6 @@ SYSTEMS = {
 FIGURES = ("epoch_s", "checkpoint_s", "epoch_thread_cpu_s", "epoch_machine_cpu_s")
 
 
-def _machine_busy() -> float:
-    """Seconds of CPU the whole machine has spent outside idle and iowait."""
-    with open("/proc/stat") as f:
-        fields = [float(x) for x in f.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
 # -- the measuring side: the example on each rank, clocked at its marks ------------------------
 def worker(out: str, example_args: List[str]) -> None:
     spec = importlib.util.spec_from_file_location("train_sparse_module", EXAMPLE)
@@ -62,7 +56,7 @@ def worker(out: str, example_args: List[str]) -> None:
     marks: List[tuple] = []
 
     def mark(epoch: int, phase: str) -> None:
-        marks.append((epoch, phase, time.perf_counter(), time.thread_time(), _machine_busy()))
+        marks.append((epoch, phase, time.perf_counter(), time.thread_time(), machine_seconds()))
 
     example.main(example_args, mark)
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
@@ -202,15 +196,10 @@ def main(argv=None) -> None:
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rounds = measure(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report(rounds, args)
-    (out / "module_sparse.md").write_text(text)
-    (out / "module_sparse.json").write_text(json.dumps(
-        {"args": {k: v for k, v in vars(args).items() if k not in ("worker_out", "example_args")},
-         "rounds": rounds}, indent=1))
-    plot(rounds, out / "module_sparse.png")
-    print(text)
+    saved = {"args": {k: v for k, v in vars(args).items()
+                      if k not in ("worker_out", "example_args")}, "rounds": rounds}
+    write_outputs(args.out, "module_sparse", report(rounds, args), saved,
+                  lambda results, path: plot(results["rounds"], path))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 weight of a million rows, trained the way MXNet's own sparse examples train.
 
     kvhybrid-launch -n 2 --servers 1 python examples/train_sparse_module.py
-    kvhybrid-launch -n 4 --clients 2 --servers 2 python examples/train_sparse_module.py --optimizer adam
+    kvhybrid-launch -n 4 --clients 2 --servers 2 python examples/train_sparse_module.py
+    kvhybrid-launch -n 2 python examples/train_sparse_module.py --optimizer adam   # pure MPI
 
 Each step pulls the rows the batch's features name (``mod.prepare`` with the batch's column
 indices), runs forward and backward, and updates on the store (a push, and a pull the

@@ -1,7 +1,7 @@
 """Store settings, read from the environment.
 
 ``mx.kv.create('hybrid-mpi')`` passes no arguments, so everything that can be
-configured comes from ``KVHYBRID_*`` variables (documented in README.md).
+configured comes from ``KVHYBRID_*`` variables (documented in docs/configuration.md).
 Values are validated up front; a bad one raises :class:`kvhybrid.ConfigError` naming
 the variable and a value that would work.
 """

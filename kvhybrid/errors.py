@@ -48,7 +48,7 @@ def explain(what: str, details, uneven: str = "") -> str:
     for rank, (_, sig) in enumerate(details):
         calls[sig].append(rank)
     parts = [f"{_ranks(ranks)} called {sig}" for sig, ranks in calls.items()]
-    if uneven:
-        return f"{what} differs between ranks: {'; '.join(parts)}. {uneven}"
-    return (f"{what} differs between ranks: {'; '.join(parts)}. Every rank must make the same "
-            "calls, in the same order, with the same arguments (keys, shapes, dtypes, settings)")
+    return (f"{what} differs between ranks: {'; '.join(parts)}. " + (f"{uneven}. " if uneven
+                                                                     else "") +
+            "Every rank must make the same calls, in the same order, with the same arguments "
+            "(keys, shapes, dtypes, settings)")

@@ -388,7 +388,7 @@ class Job:
                 sup.start(f"server {i}", host, *self._ps_node("server", host), essential=False)
         for c in plan.clients:
             sup.start(f"client {c.client}", c.master_host, *self.client(c), essential=True,
-                      restarts=self.restarts, tag=output_tag(self.mpi.kind))
+                      restarts=self.restarts, tag=output_tag(self.mpi))
         return sup.wait()
 
     def _start_scheduler(self, sup: Supervisor) -> bool:

@@ -56,7 +56,7 @@ def flavour(mpirun: str) -> str:
 
 
 #: What kvhybrid-launch writes mpirun lines for, and the versions its suite runs
-#: (README, "MPI implementations"): Open MPI's ORTE (4.x) and PRRTE (5.x) launchers, and
+#: (docs/launching.md, "MPI implementations"): Open MPI's ORTE (4.x) and PRRTE (5.x), and
 #: MPICH's and Intel MPI's Hydra.
 SUPPORTED_MPI = ("Open MPI 4.x (tested: 4.1.4) or 5.x (tested: 5.0.11), MPICH >= 4 "
                  "(tested: 5.0.2), or Intel MPI >= 2021 (tested: 2021.19.0)")
@@ -155,11 +155,14 @@ def job_env(user: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
-def output_tag(kind: str) -> str:
+def output_tag(mpi: MpiImplementation) -> str:
     """The tag ``build_command``'s mpirun puts before each piece a rank writes (a regular
-    expression): Open MPI's ``--tag-output`` ("[1,0]<stdout>:"), Hydra's ``-prepend-rank``
-    ("[0] ")."""
-    return r"\[\d+,\d+\]<std(?:out|err)>:" if kind == "openmpi" else r"\[\d+\] "
+    expression): Open MPI's ``--tag-output`` ("[1,0]<stdout>:", and a space after it from
+    PRRTE's, Open MPI 5), Hydra's ``-prepend-rank`` ("[0] "; a rank's own text holding
+    "[n] " reads as a tag there too)."""
+    if mpi.kind == "openmpi":
+        return r"\[\d+,\d+\]<std(?:out|err)>: " if mpi.prrte else r"\[\d+,\d+\]<std(?:out|err)>:"
+    return r"\[\d+\] "
 
 
 def tuning_args(env: Dict[str, str], extra_args: List[str]) -> List[str]:

@@ -118,18 +118,38 @@ def pairs(key, value, arg: str = "value", sparse_ok: bool = False) -> List[Tuple
         keys, values = [check_key(key)], [value]
     if len(set(keys)) != len(keys):
         raise KeyValueError(f"keys {keys} repeat a key: pass each key once per call")
-    if len({isinstance(k, str) for k in keys if not _own(k)}) > 1:
-        raise KeyValueError(f"keys {keys} mix int and str keys: a store takes keys of one "
-                            "type, as MXNet's stores do; pass keys of one type")
     return [(k, _arrays(k, v, arg, sparse_ok)) for k, v in zip(keys, values)]
 
 
-def check_key_type(slots: Dict[Key, KeySlot], key: Key) -> None:
+def first_key(keys) -> Optional[Key]:
+    """The first of ``keys`` that sets a store's key type (kvhybrid's own keys do not)."""
+    return next((k for k in keys if not _own(k)), None)
+
+
+class Slots(Dict[Key, KeySlot]):
+    """A store's keys, and the first that set their type (``first``: int or str)."""
+
+    first: Optional[Key] = None
+
+    def __setitem__(self, key: Key, slot: KeySlot) -> None:
+        if self.first is None and not _own(key):
+            self.first = key
+        super().__setitem__(key, slot)
+
+
+def check_key_types(first: Optional[Key], keys: Sequence[Key]) -> None:
+    """New keys of a store whose first key is ``first`` (None: it has none yet): all of its
+    type (``check_key_type``), and of one type among themselves."""
+    first = first if first is not None else first_key(keys)
+    for key in keys:
+        check_key_type(first, key)
+
+
+def check_key_type(first: Optional[Key], key: Key) -> None:
     """A store's keys are all ints or all strs, as in MXNet's stores (``test_invalid_pull``):
-    a key of the other type is refused, not taken as a new key."""
+    a key of the other type than the store's ``first`` is refused, not taken as a new key."""
     if _own(key):
         return
-    first = next((k for k in slots if not _own(k)), None)
     if first is not None and isinstance(first, str) != isinstance(key, str):
         kind = "str" if isinstance(first, str) else "int"
         raise KeyValueError(f"key {key!r} is {'a str' if isinstance(key, str) else 'an int'}, "
@@ -141,7 +161,7 @@ def check_key_type(slots: Dict[Key, KeySlot], key: Key) -> None:
 def lookup(slots: Dict[Key, KeySlot], key: Key) -> KeySlot:
     slot = slots.get(key)
     if slot is None:
-        check_key_type(slots, key)
+        check_key_type(getattr(slots, "first", None) or first_key(slots), key)
         known = sorted(map(str, slots))[:8]
         raise KeyValueError(f"key {key!r} was never initialised: call init({key!r}, value) or "
                             f"broadcast({key!r}, value, out) on every rank first"

@@ -182,6 +182,7 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     the gather has packed them. On the caller's thread the gather cost an NMT master
     0.2 ms of CPU a step and made it wait there for the slowest rank's backward pass."""
     error, signature = call
+    step = current_step()   # (the caller's: its thread may be a step ahead when this runs)
     agreement, keys, row_bytes = _facts_of_push(pushes, error, signature)
     prefetches = [_prefetch_into_new_array(p) for p in pushes]
 
@@ -239,9 +240,9 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                             hand_out_group, name=f"the verdict on the push of key(s) {keys} "
                                                  "and the prefetched rows")
         if got[:8].view(np.int64)[0]:   # rare: the calls' texts; the thread stops, all raise
-            details = hand_out_group.comm.gather((call, current_step()), root=0)
+            details = hand_out_group.comm.gather((call, step), root=0)
             text = explain("push", [c for c, _ in details], steps_differ(
-                s for _, s in details)) if hand_out_group.rank == 0 else None
+                {r: s for r, (_, s) in enumerate(details)})) if hand_out_group.rank == 0 else None
             raise KeyValueError(hand_out_group.comm.bcast(text, root=0))
         start = 8
         for p, prefetch, size in zip(pushes, prefetches, row_bytes):

@@ -47,8 +47,8 @@ from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ops import copy_to_all
 from .calls import Calls, call_key, keys_text, signed_work, unrecorded
 from .dense import DensePath, start_engine
-from .keys import (Key, KeySlot, check_key_type, check_matches, check_pull_out, lookup, pairs,
-                   spec, zeros)
+from .keys import (Key, KeySlot, Slots, check_key_types, check_matches, check_pull_out, lookup,
+                   pairs, spec, zeros)
 from .modes import AsyncMode, SyncMode
 from .placement import Placement
 from .ps.link import ServerLink
@@ -119,7 +119,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self.config = self.mode.configure(config or StoreConfig.from_env())
         self.placement = Placement(self.config, self.mode, self.NAME)
         self.mode.bind(self.placement)
-        self._slots: Dict[Key, KeySlot] = {}
+        self._slots: Slots = Slots()
         #: the store's own optimizer (MXNet's Trainer reads it as ``_updater``, as it does
         #: of MXNet's stores, in ``load_states``)
         self._updater: Optional[mx.optimizer.Updater] = None
@@ -198,11 +198,11 @@ class HybridMPIStore(mx.kv.KVStore):
 
         def build():
             ps = pairs(key, value, sparse_ok=True)
+            check_key_types(self._slots.first, [k for k, _ in ps])
             for k, arrays in ps:
                 if k in self._slots:
                     raise KeyValueError(f"key {k!r} is already initialised: init each key once, "
                                         "or use broadcast() to overwrite its value")
-                check_key_type(self._slots, k)
                 if arrays[0].stype == "row_sparse":
                     self.sparse.check_new_table(k, arrays[0])
                     self.dense.check_rows_uncompressed(k, "init of a row_sparse table")
@@ -225,6 +225,7 @@ class HybridMPIStore(mx.kv.KVStore):
         def build():
             ps = pairs(key, value)
             outs = pairs(key, out, "out")
+            check_key_types(self._slots.first, [k for k, _ in ps])
             for (k, v), (_, o) in zip(ps, outs):
                 if k in self._slots:
                     check_matches(k, self._slots[k], v, "value")
@@ -233,7 +234,6 @@ class HybridMPIStore(mx.kv.KVStore):
                                             "client groups a key is broadcast once: broadcast "
                                             "each key once")
                 else:
-                    check_key_type(self._slots, k)
                     self.placement.check_new_on_servers(k)
                 for arr in o:   # (another dtype is cast into, as a pull's outs)
                     if arr.shape != v[0].shape:
@@ -572,17 +572,19 @@ class HybridMPIStore(mx.kv.KVStore):
             log.info("row_sparse keys (α as rank 0 saw it): %s", "; ".join(
                 f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "
                 f"{v['pushes']} pushes, route {v['route']}" for k, v in stats.items()))
-        if self._engine is not None:   # its operations finish before the thread stops
-            with self.group.watchdog.waiting("this rank's engine-scheduled collectives "
-                                             "to finish", collective=False):
-                mx.nd.waitall()
-            self._engine.close()
-            self._engine.group.close()
-        self.dense.close()
-        self.sparse.close()
-        placement.close()
-        self._slots.clear()
-        self.calls.forget()
+        try:
+            if self._engine is not None:   # its operations finish before the thread stops
+                with self.group.watchdog.waiting("this rank's engine-scheduled collectives "
+                                                 "to finish", collective=False):
+                    mx.nd.waitall()
+                self._engine.close()
+                self._engine.group.close()
+            self.dense.close()
+            self.sparse.close()
+        finally:   # (the groups' boards say this rank has left: its peers stop waiting)
+            placement.close()
+            self._slots.clear()
+            self.calls.forget()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank {self.rank} of {self.num_workers}, " \

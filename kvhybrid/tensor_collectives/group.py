@@ -119,7 +119,7 @@ class Group:
             details = self.comm.allgather((what, local_error, call, current_step()))
         agreed = next((w for w, _, _, _ in details if w), "a collective")
         raise KeyValueError(explain(agreed, [(e, c) for _, e, c, _ in details],
-                                    steps_differ(s for _, _, _, s in details)))
+                                    steps_differ({r: d[3] for r, d in enumerate(details)})))
 
     def meeting_rows(self) -> Optional[MeetingRows]:
         """The slots of the rows' gathers and scatters made in the host barrier's meeting

@@ -94,36 +94,34 @@ def _post_outward(flag: int) -> None:
 
 #: the training step this process is in (``post_step``), for messages about ranks that ran
 #: different numbers of batches
-_STEPS = [0]
+_step = 0
+#: whether this process said that a peer is at a later step than it (``close``)
+_said_ahead = False
 
 
 def post_step(step: int) -> None:
     """Say which training step this process is in (the store's count of its steps), on every
     board: a rank whose peers wait for it can tell the user when the ranks' steps differ."""
-    _STEPS[0] = step
+    global _step
+    _step = step
     for dog in list(_ALL):
         mine = dog._board.get(dog.rank)
         if mine is not None:
             mine[_STEP] = step
 
 
-#: whether this process said that its peers are at later steps than it (``close``)
-_SAID_AHEAD: List[bool] = []
-
-
 def current_step() -> int:
     """The step this process posted last (0 before its first)."""
-    return _STEPS[0]
+    return _step
 
 
-def steps_differ(steps) -> str:
-    """The sentence that says the ranks are at different training steps (``steps``: each
-    rank's, by rank), or "" where they are at the same one."""
-    steps = list(steps)
-    if len(set(steps)) < 2:
+def steps_differ(steps: Dict[int, int]) -> str:
+    """The sentence that says the ranks are at different training steps (``steps``: the
+    ranks' whose step is known, by rank), or "" where they are at the same one."""
+    if len(set(steps.values())) < 2:
         return ""
     by_step: Dict[int, List[int]] = {}
-    for rank, step in enumerate(steps):
+    for rank, step in sorted(steps.items()):
         by_step.setdefault(step, []).append(rank)
     at = "; ".join(f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} at step {s}"
                    for s, r in sorted(by_step.items(), reverse=True))
@@ -267,19 +265,24 @@ class Watchdog:
             self._board = {}
             self._board_window = None  # freed with MPI; Win.Free is collective
 
+    def _steps(self) -> Dict[int, int]:
+        """The steps of this host's ranks, from the board (this rank's its own)."""
+        steps = {rank: int(slot[_STEP]) for rank, slot in self._board.items()}
+        steps[self.rank] = current_step()
+        return steps
+
     def _say_if_peers_are_ahead(self) -> None:
         """Closing while a peer on this host, still in, is at a later step: this rank ran
         fewer batches, and that peer will wait for it in vain. Say so here too (once per
         process), since that peer's message is all the user would see."""
-        mine = current_step()
-        steps = [mine] * len(self.peers)
-        for rank, slot in self._board.items():
-            if int(slot[_SEQ]) >= 0 and int(slot[_STEP]) > mine:
-                steps[rank] = int(slot[_STEP])
-        if steps_differ(steps) and not _SAID_AHEAD:
-            _SAID_AHEAD.append(True)
-            log.error("kvhybrid: rank %d closes its store at step %d. %s", self.rank, mine,
-                      steps_differ(steps))
+        global _said_ahead
+        steps = self._steps()
+        ahead = any(steps[rank] > steps[self.rank] for rank, slot in self._board.items()
+                    if int(slot[_SEQ]) >= 0)
+        if ahead and not _said_ahead:
+            _said_ahead = True
+            log.error("kvhybrid: rank %d closes its store at step %d. %s", self.rank,
+                      steps[self.rank], steps_differ(steps))
 
     def describe(self, rank: int) -> str:
         host, pid = self.peers[rank]
@@ -329,13 +332,11 @@ class Watchdog:
                 return f"{self.describe(rank)} has exited", advice
             slot = self._board.get(rank)
             if slot is not None and int(slot[_SEQ]) < 0 and -int(slot[_SEQ]) - 1 < seq:
-                left, theirs, mine = -int(slot[_SEQ]) - 1, int(slot[_STEP]), current_step()
-                steps = [mine] * len(self.peers)   # (the others: as far as this rank knows)
-                steps[rank] = theirs
+                left, steps = -int(slot[_SEQ]) - 1, self._steps()
                 uneven = steps_differ(steps)
                 return (f"{self.describe(rank)} has closed its store after wait #{left} "
-                        f"(at step {theirs}; rank {self.rank} is at step {mine})",
-                        f"{uneven}." if uneven else advice)
+                        f"(at step {steps[rank]}; rank {self.rank} is at step "
+                        f"{steps[self.rank]})", f"{uneven}." if uneven else advice)
         return None
 
     def _limit_now(self, seq: int) -> float:

@@ -40,7 +40,8 @@ EXPECTED = {
                                   "ints (the first: 0)", "use int keys"],
     "str_key_push_in_int_store": ["key 'a' is a str, but this store's keys are ints"],
     "str_key_pull_in_int_store": ["key 'a' is a str, but this store's keys are ints"],
-    "keys_mix_types": ["keys [0, 'a'] mix int and str keys", "pass keys of one type"],
+    "keys_mix_types": ["key 'a' is a str, but this store's keys are ints"],
+    "new_keys_mix_types": ["key 3 is an int, but this store's keys are strs (the first: 'b')"],
     "int_key_init_in_str_store": ["key 3 is an int, but this store's keys are strs (the "
                                   "first: 'a')", "use str keys"],
     "int_key_pushpull_in_str_store": ["key 3 is an int, but this store's keys are strs"],

@@ -32,7 +32,7 @@ def by_name(tmp_path_factory):
 def test_a_store_named_by_string_trains_every_rank_through_it(by_name, name, store, moved, api):
     # without the store each rank would train alone: -0.1 on rank 0, -0.2 on rank 1
     for got in _results(by_name, name, api, 2):
-        assert got["store"] == store and got["workers"] == 2, got
+        assert got["store"] == store and got["workers"] == 2 and got["steps"] == 1, got
         assert got["weights"] == pytest.approx([-moved[api]] * 2), got
 
 
@@ -41,8 +41,9 @@ def test_the_elastic_store_named_by_string_is_the_trainers(api, tmp_path):
     r = run_launcher(["-n", 2, "--clients", 2, "--servers", 1], "store_by_name.py",
                      [tmp_path, "hybrid-mpi-elastic", api], timeout=120)
     assert r.returncode == 0, r.output[-4000:]
-    for got in _results(tmp_path, "hybrid-mpi-elastic", api, 2):
+    for got in _results(tmp_path, "hybrid-mpi-elastic", api, 2):   # (its step pushed there)
         assert got["store"] == "HybridMPIElasticStore" and got["workers"] == 2, got
+        assert got["steps"] == 1, got
 
 
 #: (workers, client groups, servers): the shapes whose ranks meet in MPI groups (a group

@@ -1,8 +1,10 @@
 """The launcher's reading of mpirun's --tag-output stream: each rank's line once, tagged once."""
-from kvhybrid.launch.mpirun import output_tag
+from kvhybrid.launch.mpirun import MpiImplementation, output_tag
 from kvhybrid.launch.supervisor import TaggedLines
 
-OPEN_MPI, HYDRA = output_tag("openmpi"), output_tag("mpich")
+OPEN_MPI = output_tag(MpiImplementation("openmpi", (4, 1, 4)))
+OPEN_MPI_5 = output_tag(MpiImplementation("openmpi", (5, 0, 11)))
+HYDRA = output_tag(MpiImplementation("mpich", (5, 0, 2)))
 
 
 def test_pieces_of_two_ranks_become_each_ranks_lines():
@@ -13,6 +15,12 @@ def test_pieces_of_two_ranks_become_each_ranks_lines():
                      "[1,0]<stdout>:")
     got += lines.feed("[1,1]<stdout>: [1,1]<stdout>:1[1,1]<stdout>:")
     assert got == ["[1,0]<stdout>:rank 0", "[1,1]<stdout>:rank 1"]
+
+
+def test_open_mpi_5s_tags_with_their_space():
+    lines = TaggedLines(OPEN_MPI_5)
+    assert lines.feed("[1,0]<stdout>: rank[1,0]<stdout>:  [1,0]<stdout>: 0[1,0]<stdout>: ") == \
+        ["[1,0]<stdout>: rank 0"]
 
 
 def test_hydras_prepended_ranks_too():

@@ -53,7 +53,9 @@ def _install(inner, probe_key: Optional[int] = None) -> "ServerOptimizer":
     _INSTALLED = ServerOptimizer(inner, probe_key)
     if previous is not None:
         _INSTALLED._packs = previous._packs
-        _INSTALLED.add_multipliers(previous._multipliers)
+        # keys the new optimizer's copy was sent without (made after it left the worker)
+        _INSTALLED.add_multipliers({kid: m for kid, m in previous._multipliers.items()
+                                    if kid not in inner.lr_mult and kid not in inner.wd_mult})
         if type(previous.inner) is type(inner):
             _INSTALLED._states = previous._states
             _INSTALLED._dense = previous._dense

@@ -77,7 +77,8 @@ def main() -> None:
                 json.dump({"weights": np.asarray(weights).ravel().tolist(),
                            "store": None if kv is None else type(kv).__name__,
                            "type": None if kv is None else kv.type,
-                           "workers": None if kv is None else kv.num_workers}, f)
+                           "workers": None if kv is None else kv.num_workers,
+                           "steps": None if kv is None else kv.clock.steps}, f)
 
 
 if __name__ == "__main__":
