@@ -92,6 +92,19 @@ def run_launcher(launcher_args: Sequence[str], script: str, args: Sequence[str] 
     return _run_killable(cmd, f"kvhybrid-launch {list(launcher_args)} {script}", timeout, env)
 
 
+def assert_printed_lines_whole(result: JobResult, tag: str, ranks: int = 2) -> None:
+    """A ``print_lines.py`` job (tests/mpi/workers) ended well, and each of its ranks' lines
+    came out whole, tagged once (``tag``: the rank's tag, with ``{rank}`` in it)."""
+    assert result.returncode == 0, result.output[-3000:]
+    lines = result.output.splitlines()
+    for rank in range(ranks):
+        prefix = "[client 0] " + tag.format(rank=rank)
+        for i in range(30):
+            want = f"{prefix}rank {rank} line {i} checksum {1234.5 * i}"
+            assert want in lines, (want, result.output[-3000:])
+        assert f"{prefix}rank {rank} last words" in lines, result.output[-3000:]
+
+
 def assert_every_worker_done(result: JobResult, workers: int) -> None:
     """A ``lifecycle.py ok`` job (tests/mpi/workers) ended well: exit 0, and each of its
     ``workers`` ranks printed the sum over all of them (a line's text, so interleaved lines
