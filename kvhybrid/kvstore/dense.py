@@ -116,9 +116,8 @@ class DensePath:
         """Push the call's dense sums into MXNet's engine, bucket by bucket (overlap.py);
         returns at once with the keys left to do one by one (none with elements). A call
         not ``agreed`` yet is agreed on the communication thread: in its first bucket's
-        meeting where the ranks share a host (no collective of its own: a lone 4 MB
-        pushpull's sum began 266-407 us after the call on 4 ranks with one, 122-146
-        with none), else in a small allreduce before its buckets."""
+        meeting where the ranks share a host (no collective of its own, which delayed the
+        start of a lone pushpull's sum), else in a small allreduce before its buckets."""
         if call.engine_plan is None:
             call.engine_plan = overlap.plan(call.work, self.slots, self.bucket_bytes,
                                             self.shared_grads)

@@ -2,9 +2,8 @@
 
 MXNet's ``Updater`` updates a bucket's keys with ``multi_sgd_mom_update``, four keys per
 operator, after Python work per key (its states, their devices, the dtypes, the chunks):
-on an NMT step that was 0.17 ms of the caller's thread, the largest piece of a dense
-pushpull. The bucket's gradients already lie back to back in its buffer; with its
-weights and momenta laid out the same way (each key's ``slot.value`` and its Updater
+on an NMT step that was the largest piece of a dense pushpull on the caller's thread.
+The bucket's gradients already lie back to back in its buffer; with its weights and momenta laid out the same way (each key's ``slot.value`` and its Updater
 state become views of one buffer each), one ``sgd_mom_update`` over the buffers makes the
 same update of every element: ``multi_sgd_mom_update`` applies that very formula per key.
 
@@ -20,7 +19,7 @@ the C++ helper ``sgd_update.cc`` was built, the update is not an operator at all
 caller's thread does the step's bookkeeping (``prepare``) and the bucket's allreduce, on the
 communication thread, applies the same arithmetic to the same memory right after its sum
 and copies the weights into their outs where those lie in host memory (overlap.py).
-Pushing the operator had cost the caller's thread 50-60 us a step.
+Pushing the operator had cost the caller's thread a submit every step.
 """
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ as PyTorch DDP's reducer does. Each step, per bucket:
 
 Copies in and out are one ``copyto`` per key, memory copies. One ``concat`` in and one
 ``split`` out would push fewer operations, but their kernels compute each element's place
-(a division and a search per element): an NMT step's 0.47 MB split took 0.89 ms of CPU, its
-six copies 0.07 ms with their Python (``benchmarks/engine_copies.py``).
+(a division and a search per element), many times the copies' CPU with their Python
+(``benchmarks/engine_copies.py``).
 
 ``pushpull`` returns after pushing all of this: nothing on the caller's thread waits for
 communication. Results are the blocking path's: the same sums of the same arrays.
@@ -74,8 +74,8 @@ class EngineBucket:
         #: them (outs given: with update_on_kvstore): one copy instead of one per key
         self.source = source
         #: the source's memory, where the allreduce's own operation copies it into the
-        #: buffer (``_readable_source``): no copy operator on the caller's thread, which
-        #: cost an NMT step's 26 us there; else the copy operator
+        #: buffer (``_readable_source``): no copy operator pushed from the caller's thread;
+        #: else the copy operator
         self.source_view = source_view
         self.copy_in = Operator("_copyto", [source], [buffer]) \
             if source is not None and source_view is None else None
@@ -201,9 +201,9 @@ def _same_arrays(out: Sequence[NDArray], value: Sequence[NDArray]) -> bool:
 def _own_array(members: List[_Item], seen: collections.Counter) -> Optional[NDArray]:
     """A lone key's own gradient (its first device's), flat, to sum where it lies: a
     pushpull of one key with no out, or with its values as outs (gluon.Trainer's, key by
-    key, or a user's) then copies nothing in or out, as the blocking path. At 64 MB the
-    two copies took twice the allreduce's time (``pushpull(k, a, out=a)``, 2 ranks: 21 ms
-    against 7). Not when the call names the array twice, or with another out (the
+    key, or a user's) then copies nothing in or out, as the blocking path: at large sizes
+    the two copies took longer than the allreduce. Not when the call names the array twice,
+    or with another out (the
     gradient must stay as it is)."""
     if len(members) != 1 or members[0].out is not None:
         return None
@@ -410,6 +410,6 @@ def _one_copy(values: List[NDArray], dsts: List[List[NDArray]]) -> bool:
 
 def multicast(values: List[NDArray], outs: List[NDArray]) -> Operator:
     """Every weight into its out in one engine operation: ``amp_multicast`` of one dtype is
-    a copy of each input into its output. One ``copyto`` per key cost the caller's thread
-    47 us for an NMT's 6 keys, this 14 (and its arrays laid out once, less)."""
+    a copy of each input into its output: one operation pushed instead of one ``copyto``
+    per key from the caller's thread (and its arrays laid out once)."""
     return Operator("amp_multicast", values, outs, num_outputs=len(values))

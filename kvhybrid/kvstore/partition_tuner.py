@@ -4,9 +4,9 @@ More pieces spread a table's rows over more server requests that run in parallel
 shrink each; fewer pieces cost less per-request overhead. Parallax models iteration
 time as ``t(P) = θ0 + θ1/P + θ2·P``, samples a few P, fits θ by least squares and takes
 the best integer P inside the sampled range, unless a sample was measured faster than the
-fit promises there: three parameters cannot follow a sharp minimum (on 2 hosts at 100
-Mbit/s, 74, 72, 66, 64 and 88 ms at P = 1, 2, 4, 8, 16 fitted best at P = 3, which a sweep
-measured 5 % slower than P = 8), and a measurement outranks a fit.
+fit promises there: three parameters cannot follow a sharp minimum (a sweep on emulated
+hosts measured the fit's best P slower than a sampled one: docs/performance.md), and a
+measurement outranks a fit.
 
 ``PartitionSearch`` is the sampling schedule: start at the number of server hosts,
 double while the time falls, then halve from the start while it falls — at most

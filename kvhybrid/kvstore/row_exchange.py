@@ -91,7 +91,7 @@ _FLAG_SET = threading.Condition()
 class Flag:
     """``threading.Event``'s ``set``, ``is_set`` and ``wait`` for a flag made every step and
     set once (a prefetch's rows, a pull's check): making an Event makes a Condition and its
-    lock, 5 us of the caller's thread warm where this takes 0.2, for a flag that is nearly
+    lock, many times this one's cost on the caller's thread, for a flag that is nearly
     always set before anyone looks. The rare waiter waits on one Condition shared by every
     flag."""
 
@@ -175,12 +175,12 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     group, which agrees on the call first, in this job: a patient allreduce of the ranks'
     digests that raises the same error on every rank before any gather. ``retired``: the
     rows this push replaces (``Prefetch``es), dropped by the job: freeing their arrays pushes
-    work into MXNet's engine, 9 us of the caller's thread a table on an NMT step.
+    work into MXNet's engine, which the caller's thread would otherwise do every step.
 
     The rows are read where the gradient lies (``local_rows``): the job is an engine
     operation that reads the gradients, so the next backward pass cannot write them before
-    the gather has packed them. On the caller's thread the gather cost an NMT master
-    0.2 ms of CPU a step and made it wait there for the slowest rank's backward pass."""
+    the gather has packed them. On the caller's thread the gather made a master wait there
+    for the slowest rank's backward pass."""
     error, signature = call
     step = current_step()   # (the caller's: its thread may be a step ahead when this runs)
     agreement, keys, row_bytes = _facts_of_push(pushes, error, signature)
@@ -188,9 +188,8 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
 
     def serve(gathered) -> Tuple[bool, list]:
         """The master's part: the verdict (whether the calls differ), and each key's sum
-        pushed and its next rows asked for ((union, wanted, fetch) per key). On the caller's
-        thread it took an NMT master 1.1 ms of CPU a step (sums, ps-lite calls, the union of
-        ids)."""
+        pushed and its next rows asked for ((union, wanted, fetch) per key): off the
+        caller's thread (sums, ps-lite calls, the union of ids)."""
         calls = gathered[-1][0].reshape(-1, 2)   # (error flag, digest) per rank
         failed = bool(calls[:, 0].any()) or len(set(calls[:, 1].tolist())) > 1
         fetches = []   # (union, every rank's next ids, how many each, fetch) per key
@@ -273,7 +272,7 @@ def _facts_of_push(pushes: Sequence[PushOfRows], error: Optional[str],
                    signature: Optional[str]) -> Tuple[np.ndarray, str, List[int]]:
     """``push_and_prefetch``'s (agreement, the keys' text, each key's row bytes), worked
     out once per call a loop repeats (its keys and signature, which names their shapes
-    and dtypes): 20 us of an NMT step's caller's thread each step. The agreement is this
+    and dtypes), not again every step on the caller's thread. The agreement is this
     rank's (error flag, digest of its signature) that the master compares; read only."""
     ident = (tuple(p.key for p in pushes), signature)
     facts = _PUSH_FACTS.get(ident) if error is None else None
@@ -297,9 +296,8 @@ def _prefetch_into_new_array(p: PushOfRows) -> Prefetch:
     """``push_and_prefetch``'s rows of one key, on the caller's thread: a new host row_sparse
     array, which the hand-out gives its rows (``make_rows``: their count is known there).
     Without the C++ helper, which can, the array is made here with room for the rows, their
-    sorted unique ids worked out first (where ``prefetch_rows`` was handed one array): on an
-    LM worker's caller's thread that cost 190 us a step, where the empty array costs 5
-    (``empty_row_sparse``)."""
+    sorted unique ids worked out first (where ``prefetch_rows`` was handed one array), far
+    costlier on the caller's thread than the empty array (``empty_row_sparse``)."""
     if rows_made_later():
         return Prefetch(p.key, p.next_ids, p.handed, empty_row_sparse(p.slot.shape, p.slot.dtype))
     if p.next_ids is None:

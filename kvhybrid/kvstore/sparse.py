@@ -186,8 +186,7 @@ class SparsePath:
             return False
         try:   # (no settling first: a check, or a pull it serves, runs on the same thread first)
             # the call's checks, signature and whether each key's row ids are read in place
-            # (asked of MXNet), once per call on these arrays: 25 us of an NMT step's
-            # caller's thread as two memos
+            # (asked of MXNet), once per call on these arrays, as two memos
             work, signature, in_place = self.calls.checked(
                 "push with prefetch", key, value, lambda: _prefetching_push(signed()))
             call = (None, signature)
@@ -204,8 +203,8 @@ class SparsePath:
         (its route is known and its rows live on the servers, the next ids were handed
         over). A host's master sees its host's calls only: with host masters the group
         agrees on the communication thread first, in the same job (``rx.push_and_prefetch``'s
-        ``agree_in``). On the caller's thread that agreement made a step of 2 emulated hosts
-        x 2 workers wait 3.3-4.8 ms in ``trainer.step`` for the other host (LM, 1 Gbit/s)."""
+        ``agree_in``). On the caller's thread that agreement made a step across hosts wait in
+        ``trainer.step`` for the other host."""
         if not is_key(key):
             return False   # (a bad key takes the checked path, which names it)
         if key not in self._prefetch_ids:
@@ -424,14 +423,13 @@ class SparsePath:
         """A training loop's pull, in a few calls: the ids ``prefetch_rows`` was handed, in
         their order, into the one out that passed ``_pull_prefetched``'s checks at this
         key's last pull. Returns False, having done nothing, for any other pull (the full
-        path checks it). An NMT pull cost the caller's thread 120 us a pull through the
-        full path, 80 this way, 60 with the ids compared and the rows copied by the C++
-        helper, against ``dist_sync``'s 40 (``benchmarks.caller_cpu``, 4 workers).
+        path checks it): the full path's checks every pull cost the caller's thread more
+        than ``dist_sync``'s pull (``benchmarks.caller_cpu``).
 
         It waits for nothing: the rows' engine copy waits in MXNet's engine for the
         operation that writes them (``rx.Prefetch.array``), as ``dist_sync``'s pull does.
         Waiting here for the hand-out held a loop that never calls ``waitall`` at every
-        forward pass (LM, 4 workers: 10.9 ms a step against ``dist_sync``'s 0.6). If the
+        forward pass, where ``dist_sync``'s pull waits for nothing. If the
         hand-out fails, the rows read as zeros and every rank raises at its next call."""
         last = self._last_pull.get(key)
         if isinstance(out, (list, tuple)):

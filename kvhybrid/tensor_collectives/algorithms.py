@@ -18,12 +18,12 @@ times each; then the ranks agree, in one small allreduce of their times, on the 
 whose slowest rank was fastest, and use it from then on (Horovod's autotuning, per
 size). A patient group (the engine path's) sums while MXNet computes on the same cores,
 so what its waits burn is taken from compute: it settles on the candidate that cost its
-costliest rank the least CPU among those within ``TIE`` of the fastest (``pick``; two
-emulated hosts at 1 Gbit/s, the CNN's 4 MB bucket: MPI's call 36 ms, spinning on the link,
-against ``hierarchical``'s 37, and a step of 91 ms against 74 with the latter). Calls
+costliest rank the least CPU among those within ``TIE`` of the fastest (``pick``: across
+emulated hosts MPI's call spins on the link, and a step with the nearly as fast
+``hierarchical`` is shorter). Calls
 below ``SMALL_BYTES`` are bound by latency and go to the MPI library, on one host; across
 hosts only those below ``CROSS_HOST_BYTES`` do (a slow link makes a smaller sum
-bound by bandwidth: 64 KB take 5 ms at 100 Mbit/s, and ``ring`` and ``hierarchical`` send a
+bound by bandwidth, and ``ring`` and ``hierarchical`` send a
 half to three quarters of what MPI's recursive doubling sends over it).
 Every rank makes the same calls in the same order, so the schedule is the same
 everywhere without talking. ``KVHYBRID_ALLREDUCE`` forces one algorithm.
@@ -203,7 +203,8 @@ class Algorithms:
             elif self.patient:
                 # every rank there first, waited for without spinning; then the blocking
                 # call, whose tuned algorithms the non-blocking one lacks (Open MPI's
-                # libnbc: 4 MB took 4.6 ms against 0.6). Every rank makes the same choice.
+                # libnbc, several times slower at large sizes). Every rank makes the same
+                # choice.
                 if not met:
                     wait_patiently(group.comm.Ibarrier())
                 group.comm.Allreduce(MPI.IN_PLACE, buf, op=op)

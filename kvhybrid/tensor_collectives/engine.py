@@ -11,8 +11,7 @@ computes. This is Horovod's and BytePS's MXNet op design (``horovod/mxnet/mpi_op
   priority threads, never on a compute worker; all it does there is hand the
   operation to this module's communication thread and return: in C where the helper
   ``engine_start.cc`` was built (no GIL taken on MXNet's thread: a Python function there
-  made the pushing caller's thread wait for the GIL, 27 us a submit in training against 6
-  alone), else a Python callback;
+  made the pushing caller's thread wait for the GIL), else a Python callback;
 - the communication thread runs ``work`` (an MPI collective on host views of the
   arrays) in *submission order*, waiting for each operation to be started by the
   engine. Every rank submits the same operations in the same order (the store's
@@ -95,7 +94,7 @@ _NAMES_KEPT = 1024
 class EngineArrays:
     """The arrays one operation mutates and reads, with their handles laid out for MXNet
     once: a bucket's operation names the same arrays every step (``overlap.py``), and
-    laying them out was a quarter of a submit's cost on the caller's thread (11 of 44 us).
+    laying them out was a large part of a submit's cost on the caller's thread.
     The arrays must stay the same objects (an NDArray's handle never changes)."""
 
     __slots__ = ("arrays", "c_mutated", "c_reads")

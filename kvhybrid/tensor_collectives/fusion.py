@@ -147,7 +147,7 @@ def allreduce_fused(bucket: Bucket, group: Group, buffer: FusionBuffer,
         buf = buffer.get(total, dtype, pinned=True)
         _pack_on_devices(bucket, buf)
     # One wait for the whole engine (the gradients are written, no operation still reads
-    # the last step's sums or the outputs): a wait per array costs ~75 us each.
+    # the last step's sums or the outputs): a wait per array would cost a wake-up each.
     with group.watchdog.waiting(lambda: f"the MXNet engine to finish the arrays of {name}",
                                 collective=False):
         mx.nd.waitall()

@@ -5,8 +5,7 @@ gathers and scatters: the last two made in the meeting itself, ``meeting_sum.py`
 ``meeting_rows.py``) wait for ranks that are still computing. MPI's own waits spin, and
 ``ops.wait_patiently`` polls between short sleeps: a wait of a few milliseconds wakes some
 twenty times, and on a host with fewer cores than busy threads each wake takes CPU from the
-rank being waited for (the communication thread cost 1.2 ms of CPU a step on the LM with 2
-workers). ``HostBarrier.wait`` sleeps on a futex until the last rank arrives
+rank being waited for. ``HostBarrier.wait`` sleeps on a futex until the last rank arrives
 (``host_barrier.cc``); the collective posted after it then finds every rank there.
 
 It is used where every rank of the group is on one host (MPI's shared-memory split) and the
@@ -33,8 +32,8 @@ log = logging.getLogger("kvhybrid")
 
 #: microseconds a waiting rank spins before it sleeps (a rank that arrives within them
 #: costs neither a sleep nor a wake). Short: most waits are for a rank still computing,
-#: whose core a spin takes. With 50 the NMT's communication threads used 1.7-1.9 ms of CPU
-#: a step at 4 workers on 2 cores, with 5 1.55-1.65 (``benchmarks.models``, 4 rounds each)
+#: whose core a spin takes (longer spins cost the NMT's communication threads more CPU:
+#: docs/performance.md)
 SPIN_US = 5
 #: microseconds of one sleep: the wait loops in Python between them (cheap: a few a second)
 SLEEP_US = 200_000

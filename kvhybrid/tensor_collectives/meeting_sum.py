@@ -3,21 +3,21 @@
 A patient collective of a group whose ranks share a host starts with a meeting in the host
 barrier (``Group.meet``): every rank sleeps until the last one arrives. A sum below
 ``algorithms.SMALL_BYTES`` then went to MPI's non-blocking ``Iallreduce``, waited for by
-polling: on 4 ranks and 2 cores the LM's 79 KB bucket cost each communication thread about
-130 us of CPU a step beside the meeting's 50 (2026-11-29). Here the meeting is all the
+polling, which cost each communication thread several times the meeting's own CPU
+(docs/performance.md). Here the meeting is all the
 synchronisation the sum needs: each rank copies its array into its own slot of a
 shared-memory window *before* it arrives, and once the barrier opens it adds every rank's
 slot into its array, in rank order, so every rank gets the same bits.
 
 Up to 1 MB (``capacity``): the engine path's 486 KB NMT bucket went to MPI's blocking
-``Allreduce`` before, 270-310 us of CPU a call on each communication thread (4 ranks, 2
-cores), whose waits spin while the ranks it waits for are not even running; here 170-210.
+``Allreduce`` before, whose waits spin while the ranks it waits for are not even running;
+here no rank spins.
 Every rank adds every part, so in a larger group (from ``SLICED_RANKS``, from
 ``SLICED_BYTES``) each rank adds only its slice of the parts into a shared result (a
 reduce-scatter), and a second meeting opens the whole sum to every rank, which copies it
 out: every element is still added in rank order by one rank, so every rank gets the same
-bits. On 4 ranks that cost the same as adding everything (220 us a call), whose work grows
-with the ranks.
+bits. On 4 ranks that costs about as much as adding everything, whose work grows with the
+ranks.
 
 Two sets of slots (and results) alternate, one per call's parity: a rank writes a set
 again two calls later, after the meetings of the call between, which no rank reaches

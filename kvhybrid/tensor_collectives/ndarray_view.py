@@ -1,7 +1,7 @@
 """Zero-copy access to NDArray memory, so MPI reads and writes it in place.
 
-``asnumpy()`` costs a full copy (15 ms at 64 MB) and ``nd.array`` more; a
-view built from ``MXNDArrayGetData`` costs microseconds. MXNet's engine is
+``asnumpy()`` costs a full copy and ``nd.array`` more; a view built from
+``MXNDArrayGetData`` copies nothing. MXNet's engine is
 asynchronous and does not see writes made through the view, so callers wait
 for the array (``wait_to_write``) before touching it and use it before the
 engine is given more work on it.
@@ -9,8 +9,8 @@ engine is given more work on it.
 New arrays filled from numpy (``host_array``, ``host_row_sparse``) are written
 through a view too: no one else can be using them yet, so they skip the round
 trips through the engine that ``mx.nd.array`` and ``row_sparse_array`` wait for
-(each a wake-up of an engine thread: about 1 ms on a host with more busy
-threads than cores).
+(each a wake-up of an engine thread, slow on a host with more busy threads
+than cores).
 
 A row_sparse array's row ids are read in place too (``row_sparse_ids``), and a new one's
 written in place, through the C++ helper ``ndarray_aux.cc`` that setup.py builds against
@@ -54,8 +54,8 @@ def wait_to_write(arr: NDArray) -> None:
 class _Memory:
     """Memory at an address, as numpy reads it (``__array_interface__``), holding its owner
     alive: a view of it needs no ctypes array type per length (``(c_char * n)`` and
-    ``np.ctypeslib.as_array`` make and cache one for each new length, 6-7 us a call where
-    rows' counts change every step, against 1-2)."""
+    ``np.ctypeslib.as_array`` make and cache one for each new length, where rows' counts
+    change every step)."""
 
     __slots__ = ("__array_interface__", "owner")
 
@@ -178,8 +178,8 @@ def empty_row_sparse(shape, dtype) -> RowSparseNDArray:
     """A new host row_sparse array of ``shape`` with no rows and no memory yet: an out for
     a pull, which sizes it. The push makes one per table every step, so the C call's
     arguments are built once per shape and dtype (``mx.nd.sparse.zeros`` runs an operator
-    through the engine for the same: 26 us of the caller's CPU; MXNet's
-    ``_new_alloc_handle``, which builds them each call, 17; this 5)."""
+    through the engine for the same, and MXNet's ``_new_alloc_handle`` builds them each
+    call)."""
     key = (tuple(shape), dtype)
     args = _EMPTY_ARGS.get(key)
     if args is None:

@@ -129,16 +129,13 @@ def allreduce_array(arr: NDArray, op: str = "sum", group: Group = None, name: st
 
 #: the longest sleep between two tests of a patient wait. Open MPI moves a large message
 #: over TCP only inside MPI calls (its rendezvous needs both sides to answer), so a long
-#: sleep stalls a transfer: 4 emulated hosts at 1 Gbit/s, the CNN's ring allreduce took
-#: 125 ms a step with 1 ms, 107 with 200 us and 102 with 50 us (spinning: 106, with twice
-#: the machine's CPU)
+#: sleep stalls a transfer (the CNN's ring allreduce across emulated hosts was slowest with
+#: the longest sleeps; spinning matched short ones at twice the CPU: docs/performance.md)
 LONGEST_SLEEP = 1e-4
 
 
 #: seconds a patient wait tests without sleeping first: a rank whose partners are already
-#: there is answered in microseconds, where one sleep costs a tenth of a millisecond (a
-#: 16-byte Iallreduce of 2 ranks: 134 us with sleeps from the start, 7 with this first;
-#: ``python -m benchmarks.waits``)
+#: there is answered at once, where one sleep costs far more (``python -m benchmarks.waits``)
 SPIN_SECONDS = 50e-6
 
 #: tests each time a patient wait wakes: a message that arrived while it slept may need a
@@ -146,7 +143,7 @@ SPIN_SECONDS = 50e-6
 TESTS_PER_WAKE = 3
 
 #: the timer slack of a thread that waits patiently, in ns. Linux lets a sleep overrun by
-#: the thread's slack (50 us by default): a 50 us sleep took 106 us, with 1 us of slack 57
+#: the thread's slack, by default as long as the short sleeps themselves
 TIMER_SLACK_NS = 1000
 
 #: ``prctl``'s option that sets the calling thread's timer slack (linux/prctl.h)
@@ -155,7 +152,7 @@ PR_SET_TIMERSLACK = 29
 
 def wait_patiently(request) -> None:
     """Wait for a non-blocking MPI request: test for ``SPIN_SECONDS``, then sleep between
-    tests (50 us growing to ``LONGEST_SLEEP``).
+    tests (``SPIN_SECONDS`` growing to ``LONGEST_SLEEP``).
 
     For waits on another rank's network round trip (a group master talking to the
     servers): MPI's blocking calls spin, and on a host with more processes than cores the

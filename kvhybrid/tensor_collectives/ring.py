@@ -5,10 +5,9 @@ bandwidth-optimal schedule (MXNET-MPI §6, Fig. 9). The ``2 (P-1)`` steps form o
 pipeline (the paper's pipelined rings): each chunk moves in segments, and a segment is
 passed on to the right neighbour as soon as it has arrived from the left and been added,
 not when its whole step is done. The chunk a rank receives at one step is the chunk it
-sends at the next, in both phases, so a link never waits for a step to finish: over 4
-emulated hosts at 1 Gbit/s a 4.13 MB sum takes 56.0 ms in 128 KB segments against 63.4 ms
-in 1 MB ones, about one a chunk, which is step by step (52 ms is the link's bound;
-``python -m benchmarks.ring_segments --hosts 4 --rate 1gbit``).
+sends at the next, in both phases, so a link never waits for a step to finish: small
+segments come close to the link's bound where a segment per chunk goes step by step
+(``python -m benchmarks.ring_segments --hosts 4 --rate 1gbit``).
 """
 from __future__ import annotations
 
@@ -19,10 +18,9 @@ import numpy as np
 
 #: a chunk moves in about this many segments ...
 SEGMENTS_PER_CHUNK = 8
-#: ... of at least and at most these many bytes. Small segments keep a slow link busy
-#: (4.13 MB over 4 hosts at 1 Gbit/s: 56.2 ms with 128 KB, 63.4 ms with 1 MB); every segment
-#: costs a turn of Python, which dominates in shared memory (64 MB on 4 ranks of one host:
-#: 36.7 ms with 128 KB, 22.8 ms with 1 MB; ``benchmarks/ring_segments.py``)
+#: ... of at least and at most these many bytes. Small segments keep a slow link busy;
+#: every segment costs a turn of Python, which dominates in shared memory
+#: (``benchmarks/ring_segments.py``)
 MIN_SEGMENT_BYTES = 128 << 10
 MAX_SEGMENT_BYTES = 1 << 20
 #: receives in flight (each in its own segment of the workspace during the reduce-scatter)

@@ -88,7 +88,7 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
     array of a rank, packed as bytes, in one ``Igatherv`` (one message per rank however
     many arrays); the ranks that only send post both at once and wait for them without
     spinning (``wait_all_patiently``). The root waits without spinning too, after a first
-    50 us of tests that answer it at once when the others are there: its blocking waits
+    short spell of tests that answer it at once when the others are there: its blocking waits
     spun on the caller's thread for the slowest backward pass (a third of an NMT master's
     gather CPU on 2 cores)."""
     comm, is_root = group.comm, group.rank == root
