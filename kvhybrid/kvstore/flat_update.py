@@ -4,8 +4,9 @@ MXNet's ``Updater`` updates a bucket's keys with ``multi_sgd_mom_update``, four 
 operator, after Python work per key (its states, their devices, the dtypes, the chunks):
 on an NMT step that was the largest piece of a dense pushpull on the caller's thread.
 The bucket's gradients already lie back to back in its buffer; with its weights and
-momenta laid out the same way (each key's ``slot.value`` and its Updater state become views of one buffer each), one ``sgd_mom_update`` over the buffers makes the
-same update of every element: ``multi_sgd_mom_update`` applies that very formula per key.
+momenta laid out the same way (each key's ``slot.value`` and its Updater state become
+views of one buffer each), one ``sgd_mom_update`` over the buffers makes the same update
+of every element: ``multi_sgd_mom_update`` applies that very formula per key.
 
 Only where the result is the same: MXNet's own ``SGD`` (not a subclass, whose update may
 differ), no float16 master weights (``multi_precision``), weights of the bucket's dtype
