@@ -31,8 +31,8 @@ from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, hos
                                                     host_view, ids_address, make_rows,
                                                     new_host_row_sparse, reads_row_ids_in_place,
                                                     row_sparse_ids, rows_made_later)
-from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
-                                       scatter_bytes, scatter_rows, sum_rows, take_rows,
+from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_rows,
+                                       scatter_bytes, sum_rows, take_rows,
                                        union_ids, unique_ids)
 from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.watchdog import current_step, steps_differ
@@ -139,7 +139,6 @@ class Prefetch:
         self.ready = Flag()
         #: why the rows could not be handed over (set with ``ready``; the reader raises it)
         self.error: Optional[str] = None
-
 
 @dataclass
 class PushOfRows:
@@ -628,16 +627,19 @@ def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: List[np.ndarray], grou
     mine = (ids[0] if len(ids) == 1 else np.unique(np.concatenate(ids))) if ids \
         else np.zeros(0, np.int64)   # (one out's ids are sorted and unique already)
     gathered = gather_patiently([mine], group, root=0, name=f"the row ids of key {key!r}")
-    parts = None
-    if group.rank == 0:
+    packed = None
+    if group.rank == 0:   # (merges of sorted ids: a pull of every row is the table's length)
         (whole, counts), = gathered
-        wanted = by_rank(whole, counts)
-        union = np.unique(whole)
+        union = union_ids(whole, counts)
         table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
                  else np.zeros((0,) + slot.shape[1:], slot.dtype))
-        parts = [table[np.searchsorted(union, w)] for w in wanted]
-    rows = scatter_rows(parts, slot.shape[1:], slot.dtype, len(mine), group,
-                        name=f"key {key!r}", out=into)
+        sizes = counts.astype(np.int64) * slot.dtype.itemsize * math.prod(slot.shape[1:])
+        send = np.empty(int(sizes.sum()), np.uint8)
+        take_rows(union, np.ascontiguousarray(table), whole, counts, send,
+                  np.concatenate(([0], np.cumsum(sizes)[:-1])))
+        packed = (send, sizes)
+    rows = into if into is not None else np.empty((len(mine),) + slot.shape[1:], slot.dtype)
+    scatter_bytes(packed, rows, group, name=f"the rows of key {key!r}")
     return mine, rows
 
 
@@ -667,7 +669,7 @@ def write_rows(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray], mine: 
                rows: np.ndarray) -> None:
     """``fetch_rows_from_servers``'s rows into the outs (``ids``: each out's)."""
     for o, i in zip(outs, ids):
-        part = rows[np.searchsorted(mine, i)]
+        part = rows if i is mine else rows[np.searchsorted(mine, i)]
         host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
 
 

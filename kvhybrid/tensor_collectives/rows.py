@@ -3,7 +3,7 @@
 - ``allreduce_rows``: the Horovod-style path for ``row_sparse`` gradients when
   the rows stay inside the group (``gather_rows`` to every rank; every rank sums
   the same gathered rows in the same order, so results are bit-identical).
-- ``gather_patiently`` / ``scatter_rows``: Parallax's local aggregation around the
+- ``gather_patiently`` / ``scatter_bytes``: Parallax's local aggregation around the
   parameter servers. The master gathers the group's rows (and sums them) before
   it pushes, and hands each rank the rows it asked for after it pulls; the ranks
   waiting for the master wait without spinning. Both send one message per rank
@@ -124,18 +124,6 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
 def by_rank(whole: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:
     """``gather_patiently``'s concatenation split into each rank's part (views)."""
     return np.split(whole, np.cumsum(counts)[:-1])
-
-
-def scatter_rows(parts, row_shape, dtype, count: int, group: Group, root: int = 0,
-                 name: str = "rows", out: Optional[np.ndarray] = None) -> np.ndarray:
-    """Rank r gets ``parts[r]`` (an array of ``count`` rows on rank r) from ``root``,
-    which fetched them from the servers (``scatter_bytes``, one array a rank). ``out``:
-    where they go (C-contiguous, ``count`` rows of ``dtype``), else a new array."""
-    if out is None:
-        out = np.empty((count,) + tuple(row_shape), dtype=dtype)
-    packed = pack_messages([[np.asarray(p, dtype=dtype)] for p in parts]) \
-        if group.rank == root else None
-    return scatter_bytes(packed, out, group, root, name=f"the rows of {name}")
 
 
 def pack_messages(messages: Sequence[Sequence[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
