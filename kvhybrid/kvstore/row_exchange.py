@@ -28,7 +28,7 @@ from ..errors import KeyValueError, explain
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
-                                                    host_view, ids_address, make_rows,
+                                                    host_view, ids_address, is_host, make_rows,
                                                     new_host_row_sparse, reads_row_ids_in_place,
                                                     row_sparse_ids, rows_made_later)
 from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_rows,
@@ -139,6 +139,10 @@ class Prefetch:
         self.ready = Flag()
         #: why the rows could not be handed over (set with ``ready``; the reader raises it)
         self.error: Optional[str] = None
+        #: whether its hand-out waits for nothing (the gradient's rows read in place): a
+        #: later step's backward may then be queued before it runs
+        self.waits_for_nothing = False
+
 
 @dataclass
 class PushOfRows:
@@ -184,6 +188,9 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     step = current_step()   # (the caller's: its thread may be a step ahead when this runs)
     agreement, keys, row_bytes = _facts_of_push(pushes, error, signature)
     prefetches = [_prefetch_into_new_array(p) for p in pushes]
+    for p, prefetch in zip(pushes, prefetches):
+        prefetch.waits_for_nothing = p.arrays is None or (len(p.arrays) == 1
+                                                          and is_host(p.arrays[0]))
 
     def serve(gathered) -> Tuple[bool, list]:
         """The master's part: the verdict (whether the calls differ), and each key's sum

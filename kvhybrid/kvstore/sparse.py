@@ -512,9 +512,10 @@ class SparsePath:
         call of the store, before anything is pushed."""
         self._forget_settled()
         prefetch = self._prefetched[key]
-        # the rows first: a push whose calls differed raises here, on every rank, before any
-        # meeting (its verdict comes with them)
-        self._wait_for_prefetch(prefetch)
+        if self.engine.group.size > 1 and _asked_for_none(prefetch):
+            self.engine.check()   # (no rows to wait for: the check below queues behind the push)
+        else:   # the rows first: a push whose calls differed raises here, on every rank,
+            self._wait_for_prefetch(prefetch)   # before any meeting (its verdict comes with them)
         try:
             work, signature = build()
             error, covered = None, all(rx.prefetch_holds(prefetch, ids) for *_, ids in work)
@@ -638,6 +639,15 @@ def _ids_of_table(key: Key, ids, rows: int) -> np.ndarray:
         raise KeyValueError(f"prefetch_rows of key {key!r} got row id {int(bad)}, outside "
                             f"the table's {rows} rows: pass ids in [0, {rows})")
     return got
+
+
+def _asked_for_none(prefetch: rx.Prefetch) -> bool:
+    """Whether ``prefetch`` is a push's that asked for no rows (a plain Trainer's or
+    Module's step: ``_hands_out_unasked``) and reads its gradient in place, so that a pull
+    need not wait for it (one that reads it through MXNet would wait for the next backward,
+    which waits for it)."""
+    return (prefetch.waits_for_nothing and prefetch.handed is None
+            and prefetch.ids is not None and not len(prefetch.ids))
 
 
 def _holds(row_ids: mx.nd.NDArray, ids: np.ndarray) -> bool:

@@ -8,16 +8,10 @@ the union of their batches. When the store owns the optimizer (``update_on_kvsto
 the Trainer's default) every rank applies the same update to its own copy of the weights
 right after the sum: the copies stay identical without a server.
 
-The parts, each in its own module:
-
-- ``placement.py``: who sums where (the client group, the row group, the servers' link,
-  the groups' layout);
-- ``calls.py``: each call's checks, the agreement of every rank on it, the call memo;
-- ``dense.py``: dense sums (in MXNet's engine, fused, across groups, key by key);
-- ``sparse.py``: row_sparse keys, their routes and prefetched rows (``row_exchange.py``
-  moves the rows);
-- ``modes.py``: synchronous and asynchronous groups (``kvhybrid/elastic/mode.py``: elastic);
-- ``stats.py``: the step clock and the tuner's stats file.
+The parts, each in its own module: ``placement.py`` (who sums where), ``calls.py`` (each
+call's checks, the ranks' agreement, the memo), ``dense.py`` (dense sums), ``sparse.py``
+(row_sparse keys; ``row_exchange.py`` moves the rows), ``modes.py`` (how groups meet;
+``kvhybrid/elastic/mode.py``: elastic) and ``stats.py`` (the step clock, the tuner's file).
 
 The class derives from MXNet's native ``KVStore`` (holding a handle to an unused native
 ``local`` store) only because ``gluon.Trainer`` accepts nothing else for sparse gradients
@@ -319,12 +313,10 @@ class HybridMPIStore(mx.kv.KVStore):
 
     @unrecorded
     def pull(self, key, out=None, priority: int = 0, ignore_sparse: bool = True) -> None:
-        """Copy the value of ``key`` into ``out``. With one group and no servers every rank
-        holds the same copy and the pull is local; otherwise the servers may hold the value
-        (in async mode newer than this group's copy), so the pull is a call every rank of
-        the group makes. As in MXNet's stores, row_sparse arrays in ``out`` are skipped with
-        ``ignore_sparse`` (they take ``row_sparse_pull``); without it they get the whole
-        value, every row, as MXNet's local stores give it (its ``dist_sync`` refuses that)."""
+        """Copy the value of ``key`` into ``out``: a local copy with one group and no servers,
+        else a call every rank of the group makes (the servers may hold a newer value). As in
+        MXNet's stores, row_sparse outs are skipped with ``ignore_sparse`` (they take
+        ``row_sparse_pull``); without it they get every row, as MXNet's local stores give."""
         self._open()
         self._pull_dense(key, out)   # (its checks, agreed: every rank raises a bad call)
         if not ignore_sparse:
@@ -337,8 +329,15 @@ class HybridMPIStore(mx.kv.KVStore):
                 copy_to_all(self._slots[k].value, out_k)
             return
 
+        try:   # (a bad call raises in the agreed check below, on every rank)
+            kept = self._pull_pairs(key, out)
+        except KeyValueError:
+            kept = None
+        if kept == []:   # only row_sparse outs: skipped, as in MXNet's stores, by every rank
+            return
+
         def build():
-            ps = self._pull_pairs(key, out)
+            ps = self._pull_pairs(key, out) if kept is None else kept
             return ps, f"pull {keys_text(ps)}"
 
         for k, out_k in self.calls.check("pull", build, f" of key {key!r}"):
