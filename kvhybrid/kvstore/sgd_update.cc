@@ -1,7 +1,6 @@
 // MXNet's SGD update of one flat bucket of host memory, made by the store's communication
-// thread right after the bucket's allreduce (flat_update.py). Pushing MXNet's own
-// sgd_mom_update from the caller's thread cost it 50-60 us a step under training load; here
-// the update runs inside the allreduce's engine operation, on memory that operation already
+// thread right after the bucket's allreduce (flat_update.py), so that the caller's thread
+// pushes no sgd_mom_update of its own: the update runs inside the allreduce's engine operation, on memory that operation already
 // holds. The arithmetic is MXNet's SGDKernel / SGDMomKernel (src/operator/optimizer_op-inl.h):
 // the same expressions in the same order and precision, so the weights match the operator's.
 // Then the updated weights go to their outs (the Gluon parameters' arrays), each key's piece

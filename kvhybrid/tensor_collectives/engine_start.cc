@@ -3,8 +3,7 @@
 // MXNet's engine starts an operation pushed with MXEnginePushAsyncND by calling its function
 // on one of its priority threads. A Python function there must take the GIL: when the
 // operation's inputs are ready at push time, that happens while the pushing caller's thread
-// is inside the push, which then waits for the GIL on its way back (a submit took 27 us of the
-// caller's thread in training against 6 alone). Here the engine calls kvhybrid_engine_started,
+// is inside the push, which then waits for the GIL on its way back. Here the engine calls kvhybrid_engine_started,
 // which copies the completion callback into the operation's slot, notes the time and wakes
 // the communication thread sleeping on the slot's futex (kvhybrid_engine_wait_started). That
 // thread completes the operation with kvhybrid_engine_complete once its collective is done.

@@ -1,9 +1,8 @@
 // A batch's row ids as prefetch_rows is handed them, copied as int64 and checked against
 // the table's rows in one pass, called as a Python function (a module, unlike the other
 // helpers, which ctypes loads). The caller's thread runs this once per table and step just
-// after backward, when little of its code is in the caches: there numpy's cast, its
-// reduction and ctypes' reading of two addresses cost an NMT step 30 us a table, this
-// call less than half of it. Needs nothing of MXNet.
+// after backward, when little of its code is in the caches: one call instead of numpy's
+// cast, its reduction and ctypes' reading of two addresses. Needs nothing of MXNet.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 

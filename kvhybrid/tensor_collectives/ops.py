@@ -156,8 +156,7 @@ def wait_patiently(request) -> None:
 
     For waits on another rank's network round trip (a group master talking to the
     servers): MPI's blocking calls spin, and on a host with more processes than cores the
-    spinning ranks take the CPU from the master and the servers they wait for (a sparse
-    model's step took 2.5x longer on 2 cores). Every rank must use the non-blocking call,
+    spinning ranks take the CPU from the master and the servers they wait for. Every rank must use the non-blocking call,
     the one that waits for others included: MPI matches blocking and non-blocking
     collectives with each other only in MPI 4."""
     _sleep_until(request.Test)
