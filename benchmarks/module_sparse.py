@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from .common import footer, grouped_bars, ratio_cell, run_job, save_figure, write_outputs
+from .common import footer, grouped_bars, ratio_cell, run_job, write_outputs
 from .cpu import machine_seconds
 
 log = logging.getLogger("benchmarks")
@@ -163,7 +163,7 @@ def plot(rounds: List[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     keys = list(rounds[0])
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4))
     for ax, figure, title in zip(axes, ("epoch_s", "checkpoint_s"), ("an epoch", "a checkpoint")):
         series = {SYSTEMS[s][0]: [statistics.median(_ratios(rounds, k, s, figure))
                                   if s in rounds[0][k] else 0.0 for k in keys]
@@ -172,8 +172,11 @@ def plot(rounds: List[dict], path: Path) -> None:
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_ylabel("seconds ÷ dist_sync's (lower is better)")
         ax.set_title(title)
-    axes[0].legend(fontsize=7)
-    save_figure(fig, path)
+    handles, labels = axes[0].get_legend_handles_labels()   # (below both: clear of the bars)
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None) -> None:
