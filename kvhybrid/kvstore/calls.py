@@ -115,11 +115,13 @@ class Calls:
         #: runs before every meeting of the group here (``SparsePath.settle_pulls``)
         self.before_meeting: Callable[[], None] = lambda: None
 
-    def check(self, what: str, build, about: str = ""):
+    def check(self, what: str, build, about: str = "", settle: bool = True):
         """Run ``build()`` (local checks, returns (result, signature)) and agree with all
         ranks: every rank raises the same error if any rank failed or the signatures differ;
-        returns this rank's result."""
-        self.before_meeting()
+        returns this rank's result. ``settle=False``: a call that sends nothing after the
+        agreement need not wait for ``before_meeting`` first."""
+        if settle:
+            self.before_meeting()
         try:
             result, signature = build()
             error = None

@@ -333,14 +333,13 @@ class HybridMPIStore(mx.kv.KVStore):
             kept = self._pull_pairs(key, out)
         except KeyValueError:
             kept = None
-        if kept == []:   # only row_sparse outs: skipped, as in MXNet's stores, by every rank
-            return
 
         def build():
             ps = self._pull_pairs(key, out) if kept is None else kept
             return ps, f"pull {keys_text(ps)}"
 
-        for k, out_k in self.calls.check("pull", build, f" of key {key!r}"):
+        # only row_sparse outs (skipped, as in MXNet's stores): agreed, with nothing to settle
+        for k, out_k in self.calls.check("pull", build, f" of key {key!r}", settle=kept != []):
             slot = self._slots[k]
             into = slot.value if slot.value is not None else out_k[0]
             if slot.rows_on_servers:

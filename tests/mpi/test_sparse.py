@@ -239,6 +239,21 @@ def test_prefetching_push_with_a_wrong_call_raises_on_every_rank_and_pushes_noth
         assert f"got row id {SMALL_TABLE[0]}, outside" in got["bad_ids"][past], got
 
 
+def test_a_pull_of_row_sparse_outs_only_is_skipped_and_still_agreed(tmp_path):
+    """MXNet's stores skip row_sparse outs of a pull, and so does the store, on every rank;
+    a rank that pulls a dense key while another pulls only row_sparse outs makes every rank
+    raise the same error, and the store goes on."""
+    r = run_launcher(["-n", 2, "--servers", 1], "pull_sparse_outs.py", [tmp_path], timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    got = [json.load(open(tmp_path / f"pull-rank{rank}.json")) for rank in range(2)]
+    for g in got:
+        assert g["skipped_rows"] == 0, g
+        assert g["raised"] == "KeyValueError" and "differs between ranks" in g["message"], g
+        assert g["dense_after"] == [5.0, 5.0, 5.0], g
+        assert g["rows_after"] == [[0.0] * 4, [0.0] * 4], g   # rows 0 and 1, pushed once each
+    assert got[0]["message"] == got[1]["message"]
+
+
 def test_a_prefetching_push_does_not_wait_for_a_late_master_and_pulls_updated_rows(tmp_path):
     """The ranks that only send their rows to the master go on without waiting for it (the
     rows go in the background; the verdict and the next rows come in the hand-out): rank 1
