@@ -176,8 +176,8 @@ class SparsePath:
         """The push of one or more sparse weights that carry the next step's row ids
         (prefetch_rows), in one meeting: its agreement travels in the rows' gather, where
         the master compares the ranks' calls before it pushes anything. Calls that differ
-        reach every rank through the communication thread, and every rank raises at its
-        next store call (nothing was pushed). Other pushes, and a key's first (its route is
+        reach every rank through the communication thread, and every rank raises at a later
+        store call, the first that finds that thread stopped (nothing was pushed). Other pushes, and a key's first (its route is
         decided then), agree first (returns False). ``signed``: ``calls.signed_work`` for
         this push."""
         keys = list(key) if isinstance(key, (list, tuple)) else [key]
@@ -513,7 +513,8 @@ class SparsePath:
         self._forget_settled()
         prefetch = self._prefetched[key]
         if self.engine.group.size > 1 and _asked_for_none(prefetch):
-            self.engine.check()   # (no rows to wait for: the check below queues behind the push)
+            self.engine.check()   # (no rows to wait for: the check queues behind the push,
+            #                        whose differing calls raise here or at a later call)
         else:   # the rows first: a push whose calls differed raises here, on every rank,
             self._wait_for_prefetch(prefetch)   # before any meeting (its verdict comes with them)
         try:
