@@ -44,6 +44,38 @@ def job_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
+def _descendants(pid: int) -> list:
+    """Every process below ``pid`` (from /proc): the launcher starts its scheduler, servers
+    and mpirun in sessions of their own, which a kill of its process group misses."""
+    children: Dict[int, list] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every process below it, so that a job killed
+    for its timeout leaves no workers or servers behind to slow the tests after it."""
+    below = _descendants(pid)
+    for target in below:
+        try:
+            os.kill(target, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.killpg(pid, signal.SIGKILL)
+
+
 def _run_killable(cmd, what: str, timeout: float, env) -> JobResult:
     """Run ``cmd`` in its own session; kill its whole process tree after ``timeout``."""
     start = time.monotonic()
@@ -52,7 +84,7 @@ def _run_killable(cmd, what: str, timeout: float, env) -> JobResult:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc.pid)
         out, _ = proc.communicate()
         raise AssertionError(f"{what} still running after {timeout} s (killed):\n{out[-4000:]}")
     return JobResult(proc.returncode, out, time.monotonic() - start)
