@@ -126,19 +126,10 @@ def by_rank(whole: np.ndarray, counts: np.ndarray) -> List[np.ndarray]:
     return np.split(whole, np.cumsum(counts)[:-1])
 
 
-def pack_messages(messages: Sequence[Sequence[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
-    """``scatter_bytes``'s send side: (bytes, each rank's byte count), where rank r's bytes
-    are ``messages[r]``'s arrays (any dtypes and shapes) one after another."""
-    pieces = [[np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in m] for m in messages]
-    sizes = np.array([sum(a.nbytes for a in m) for m in pieces], dtype=np.int64)
-    flat = [a for m in pieces for a in m]
-    return (np.concatenate(flat) if flat else np.zeros(0, np.uint8)), sizes
-
-
 def scatter_bytes(packed: Optional[Tuple[np.ndarray, np.ndarray]], out: np.ndarray,
                   group: Group, root: int = 0, name: str = "rows") -> np.ndarray:
     """Rank r gets its part of the root's ``packed`` (bytes, each rank's byte count: see
-    ``pack_messages``, or built in place by the caller) into ``out`` (C-contiguous, as many
+    built in place by the caller) into ``out`` (C-contiguous, as many
     bytes as rank r's part). One message to each rank however many arrays it carries (a
     push's verdict and every table's rows): in the host's shared memory where the ranks
     share one (``meeting_rows.py``), else by MPI's ``Iscatterv``. Every rank, the root too,

@@ -8,19 +8,29 @@ collective, and records the max error against numpy's result.
 import dataclasses
 import json
 import sys
+from typing import Sequence, Tuple
 
 import numpy as np
 import mxnet as mx
 
 import kvhybrid  # noqa: F401  registers hybrid-mpi
 from kvhybrid.tensor_collectives import allreduce, broadcast, fusion, ops
-from kvhybrid.tensor_collectives.rows import gather_patiently, pack_messages, scatter_bytes
+from kvhybrid.tensor_collectives.rows import gather_patiently, scatter_bytes
 
 kv = mx.kv.create("hybrid-mpi")
 group, rank, size = kv.group, kv.rank, kv.num_workers
 DTYPES = ["float16", "float32", "float64", "int32", "int64", "uint8"]
 SIZES = [0, 1, 7, size * 3 + 1, 100003]
 results = {}
+
+
+def pack_messages(messages: Sequence[Sequence[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+    """``scatter_bytes``'s send side: (bytes, each rank's byte count), where rank r's bytes
+    are ``messages[r]``'s arrays (any dtypes and shapes) one after another."""
+    pieces = [[np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in m] for m in messages]
+    sizes = np.array([sum(a.nbytes for a in m) for m in pieces], dtype=np.int64)
+    flat = [a for m in pieces for a in m]
+    return (np.concatenate(flat) if flat else np.zeros(0, np.uint8)), sizes
 
 
 def data(n, dtype, r, dev=0):
