@@ -60,7 +60,7 @@ log = logging.getLogger("benchmarks")
 #: the rows of the table for jobs: "job: " and the kind of each job queued (its name less
 #: what names its keys); these are the calls inside jobs, (module, attribute path, label)
 TIMED = [
-    ("kvhybrid.kvstore.overlap", "agree", "  the ranks' agreement on a call"),
+    ("kvhybrid.kvstore.calls", "agree", "  the ranks' agreement on a call"),
     ("kvhybrid.kvstore.row_exchange", "agree", "  the ranks' agreement on a call"),
     ("kvhybrid.tensor_collectives.algorithms", "Algorithms.allreduce",
      "  a bucket's sum (MPI, or the host's meeting)"),

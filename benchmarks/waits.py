@@ -62,7 +62,7 @@ def worker(args) -> Dict[str, Dict[str, List[float]]]:
     import numpy as np
     from mpi4py import MPI
 
-    from kvhybrid.kvstore.agreement import PULL_CHECK
+    from kvhybrid.kvstore.calls import PULL_CHECK
     from kvhybrid.tensor_collectives import ops
     from kvhybrid.tensor_collectives.group import Group, GroupSettings
 

@@ -14,7 +14,7 @@ from mxnet.gluon import ParameterDict
 
 from ..errors import KeyValueError
 from ..tensor_collectives import broadcast
-from ..kvstore.agreement import agree
+from ..kvstore.calls import agree
 from ..kvstore.keys import OWN_KEYS
 from ..kvstore.store import HybridMPIStore
 

@@ -1,27 +1,34 @@
-"""Calls: each store call's local checks, the agreement of every rank on it, and the memo
-of repeated pushpull calls.
+"""Calls: each store call's local checks, the memo of repeated calls, and the agreement of
+every rank on a call, in one place.
 
-Every call that leads to a collective is agreed first (``agreement.py``): one small
-allreduce tells every rank whether all ranks made the same call and none failed its local
-checks, so a bad argument raises the same error on every rank before anything changed,
-instead of leaving the other ranks in a collective alone. A training loop repeats the same
-pushpull with the same arrays every step; its checks run once (the memo) and only the
-agreement runs again, on the engine's communication thread when the dense path runs there.
+If one rank's call is wrong (unknown key, another shape) and only that rank raised, its
+peers would enter the collective alone and wait forever. So every call that leads to a
+collective is agreed first (``agree``): one small allreduce, or a digest brought to the
+host barrier's meeting, tells every rank whether all ranks made the same call and none
+failed its local checks; if not, every rank raises the same :class:`KeyValueError` before
+anything changed. A training loop repeats the same call with the same arrays every step:
+its local checks run once (the memo) and only the agreement runs again, on the
+communication thread where the call's work runs there (``agree_later``,
+``check_pulled_rows``).
 """
+
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 
-from ..errors import KeyValueError
-from ..tensor_collectives import Group
+from ..errors import KeyValueError, explain
+from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.fusion import on_host
-from .agreement import agree
+from ..tensor_collectives.group import Group
+from ..tensor_collectives.ops import allreduce_patiently
 from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec
 
 #: checked pushpull calls remembered per store
@@ -182,3 +189,117 @@ class Calls:
 
     def __len__(self) -> int:
         return len(self._memo)
+
+
+# -- the ranks' agreement ------------------------------------------------------------------
+_MASK = (1 << 62) - 1
+#: What a rank brings to the host barrier's meeting (``Group.meet``, ``meet_agreeing``,
+#: ``meet_bringing``), by kind: 0 for a plain meeting; a call's digest with ``_MEETING`` set
+#: for its agreement (``agree_in_meeting``); a negative number for a check of prefetched
+#: rows (``row_exchange.PullCheck``): ``PULL_CHECK``, ``UNCOVERED`` where this rank needs
+#: the plain pull, ``PULL_ERROR`` where its call failed its checks, and the call's tag
+#: (``TAG`` bits); a sum made in a meeting of its own
+#: brings ``tensor_collectives.meeting_sum.SUM_MEETING`` (bit 61) with its dtype and size. A
+#: rank that finds another kind beside its own is in another collective: the ranks' calls
+#: differ.
+_MEETING = 1 << 62
+PULL_CHECK, UNCOVERED, PULL_ERROR, TAG = -(1 << 63), 1 << 62, 1 << 61, (1 << 61) - 1
+
+
+def digest(signature) -> int:
+    """A 62-bit hash of a call's signature: what ranks compare. A training loop repeats
+    its calls, so the hashes of hashable signatures are remembered."""
+    try:
+        return _remembered_digest(signature)
+    except TypeError:   # (unhashable)
+        return _digest(signature)
+
+
+def _digest(signature) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(signature).encode(), digest_size=8).digest(),
+                          "little") & _MASK
+
+
+_remembered_digest = functools.lru_cache(maxsize=4096, typed=True)(_digest)
+
+
+def agree(group: Group, what: str, signature, local_error: Optional[str], about: str = "",
+          patient: bool = False) -> None:
+    """Raise the same KeyValueError on every rank unless all signatures match and no rank failed.
+
+    ``what`` names the call in the error (the same on every rank); ``about``
+    adds this rank's detail (e.g. the key) to what the watchdog reports. ``patient``: wait
+    without spinning (``wait_patiently``), for jobs whose ranks wait on each other's
+    round trips to the parameter servers.
+    """
+    if group.size == 1:   # nobody to differ from: the verdict is this rank's own
+        if local_error is not None:
+            raise KeyValueError(explain(what, [(local_error, None)]))
+        return
+    MPI = group.MPI
+    sig = digest(signature) if local_error is None else 0
+    flags = np.array([sig, -sig, 1 if local_error else 0], dtype=np.int64)
+    if patient:
+        allreduce_patiently(flags, "max", group, lambda: f"the ranks to agree on {what}{about}")
+    else:
+        with group.watchdog.waiting(lambda: f"the ranks to agree on {what}{about}"):
+            group.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+    if flags[0] == -flags[1] and flags[2] == 0:
+        return
+    group.raise_calls_differ(what, local_error, None if local_error else str(signature), about)
+
+
+def agree_in_meeting(group: Group, what: str, signature, about: str = "") -> bool:
+    """``agree`` on a call every rank checked already (a repeated one), in the host barrier
+    of the collective that follows (``Group.meet_agreeing``: each rank brings the call's
+    digest) instead of a collective of its own: True, having met (the collective need not
+    meet again), or the same KeyValueError on every rank; False at once where the group has
+    no host barrier (``agree`` it then). Inside the watchdog's wait for that collective."""
+    same = group.meet_agreeing(_MEETING | digest(signature))
+    if same is None:
+        return False
+    if not same:
+        group.raise_calls_differ(what, None, str(signature), about)
+    return True
+
+
+def agree_later(comm: EngineComm, what: str, signature, about: str = "") -> None:
+    """``agree`` on a repeated call on the communication thread, before the call's work
+    there, instead of on the caller's thread. If the ranks' calls differ, the thread stops
+    running collectives (so none is mismatched) and the next call of the store raises, on
+    every rank."""
+    comm.enqueue(f"the agreement on {what}{about}",
+                 lambda: agree(comm.group, what, signature, None, about, patient=True))
+
+
+def pull_tag(key, signature) -> int:
+    """What a pull of prefetched rows brings to its check (``check_pulled_rows``): ranks that
+    bring the same tag made the same call (its signature names the key, the outs' shape and
+    dtype)."""
+    return digest(("row_sparse_pull", key, signature)) & TAG
+
+
+def check_pulled_rows(group: Group, key, tag: int, covered: bool, error: Optional[str],
+                      signature: Optional[str]) -> Tuple[bool, bool]:
+    """The check of a pull of prefetched rows, on the communication thread: (whether some
+    rank needs the plain pull, whether every rank made the same call and none failed), the
+    same on every rank. ``covered``: this rank found its rows among the prefetched ones;
+    ``error``: its call's local error. A rank needs the plain pull where its rows were not
+    there or the calls differ. Where the ranks share a host each brings its verdict to the
+    host barrier's meeting (``Group.meet_bringing``) and no collective follows; elsewhere a
+    small allreduce decides."""
+    what = lambda: f"the ranks to check their prefetched rows of key {key!r}"  # noqa: E731
+    failed = error is not None
+    with group.watchdog.waiting(what):
+        brought = group.meet_bringing(PULL_CHECK | (0 if covered else UNCOVERED)
+                                      | (PULL_ERROR if failed else 0) | tag)
+    if brought is None:
+        flags = np.array([0 if covered else 1, tag, -tag, int(failed)], dtype=np.int64)
+        allreduce_patiently(flags, "max", group, what)
+        agreed = bool(flags[1] == -flags[2] and not flags[3])
+        return bool(flags[0] or not agreed), agreed
+    if (brought >= 0).any():   # a rank met for another collective: the calls differ
+        group.raise_calls_differ("row_sparse_pull", error, signature, f" of key {key!r}")
+    tags = brought & TAG
+    agreed = bool((tags == tags[0]).all() and not (brought & PULL_ERROR).any())
+    return bool((brought & UNCOVERED).any() or not agreed), agreed

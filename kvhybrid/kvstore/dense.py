@@ -29,8 +29,7 @@ from ..tensor_collectives.fusion import Bucket, FusionBuffer, allreduce_fused, b
 from ..tensor_collectives.ndarray_view import ViewCache
 from ..tensor_collectives.ops import broadcast_view, copy_to_all, reduce_local
 from . import overlap, server_round_trips
-from .agreement import agree_in_meeting
-from .calls import CheckedCall
+from .calls import CheckedCall, agree_in_meeting, agree_later
 from .keys import Key, KeySlot
 from .modes import SyncMode
 from .placement import Placement
@@ -97,7 +96,7 @@ class DensePath:
         across = self.placement.sum_across_groups
         if self.compressor is not None:   # key by key: each key has its own residual
             if not agreed:
-                overlap.check_signature(self.engine, call.signature, "pushpull", call.about)
+                agree_later(self.engine, "pushpull", call.signature, call.about)
         elif self.on_engine:
             work = self._on_engine(call, updater, agreed)
         elif self.round_trips:
@@ -128,7 +127,7 @@ class DensePath:
                         about=call.about))
         buckets_, rest = call.engine_plan
         if not agreed and call.meeting is None:
-            overlap.check_signature(self.engine, call.signature, "pushpull", call.about)
+            agree_later(self.engine, "pushpull", call.signature, call.about)
         overlap.run(buckets_, self.engine, updater,
                     agreement=call.meeting if not agreed else None)
         return rest

@@ -47,7 +47,6 @@ from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..tensor_collectives.operators import Operator
 from ..tensor_collectives.ops import copy_to_all
 from . import flat_update
-from .agreement import agree
 from .flat_update import FlatSGD
 from .keys import Key, KeySlot
 
@@ -211,15 +210,6 @@ def _own_array(members: List[_Item], seen: collections.Counter) -> Optional[NDAr
     if seen[first.handle.value] != 1 or first.stype != "default":
         return None
     return first.reshape((members[0].slot.count,))
-
-
-def check_signature(comm: EngineComm, signature: str, what: str, about: str) -> None:
-    """The agreement of a repeated call (``agree``), on the communication thread before the
-    call's buckets instead of on the caller's thread. If the ranks' calls differ, the thread
-    stops running collectives (so none is mismatched) and the next call of the store raises,
-    on every rank."""
-    comm.enqueue(f"the agreement on {what}{about}",
-                 lambda: agree(comm.group, what, signature, None, about, patient=True))
 
 
 class _Weights:

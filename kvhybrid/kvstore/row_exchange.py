@@ -34,10 +34,9 @@ from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, hos
 from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_rows,
                                        scatter_bytes, sum_rows, take_rows,
                                        union_ids, unique_ids)
-from ..tensor_collectives.ops import allreduce_patiently
 from ..tensor_collectives.watchdog import current_step, steps_differ
 from ..tensor_collectives.operators import copy
-from .agreement import PULL_CHECK, PULL_ERROR, TAG, UNCOVERED, agree, digest
+from .calls import agree, check_pulled_rows, digest, pull_tag
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
 
@@ -447,9 +446,9 @@ class PullCheck:
         #: the pull's checked work (None after a local error, whose text is ``error``)
         self.key, self.work, self.signature, self.error = key, work, signature, error
         self.covered = covered
-        #: the call's tag: ranks that bring the same one made the same call (its signature
-        #: names the key, the outs' shape and dtype), so a served pull needs no agreement
-        self.tag = digest(("row_sparse_pull", key, signature)) & TAG
+        #: the call's tag: ranks that bring the same one made the same call, so a served
+        #: pull needs no agreement of its own
+        self.tag = pull_tag(key, signature)
         #: whether the check found every rank's call the same and none failed (``_serve``)
         self.agreed = False
         self.done = Flag()   # the job completed (and served a plain pull if needed)
@@ -502,30 +501,11 @@ class PullCheck:
                                                      rows_group, servers, into=into))
 
     def needs_plain_pull(self, group: Group) -> bool:
-        """Whether some rank of ``group`` needs the plain pull (its rows were not among the
-        prefetched ones, or its call failed its checks) or the ranks' calls differ: the same
-        answer on every rank, which also learns whether the calls were the same and none
-        failed (``agreed``). Where the ranks share a host each brings its verdict to the
-        host barrier's meeting (``Group.meet_bringing``) and no collective follows;
-        elsewhere a small allreduce decides (``benchmarks.waits``: "in the barrier" against
-        "host barrier")."""
-        what = lambda: f"the ranks to check their prefetched rows of key {self.key!r}"  # noqa: E731
-        failed = self.error is not None
-        with group.watchdog.waiting(what):
-            brought = group.meet_bringing(PULL_CHECK | (0 if self.covered else UNCOVERED)
-                                          | (PULL_ERROR if failed else 0) | self.tag)
-        if brought is None:
-            flags = np.array([0 if self.covered else 1, self.tag, -self.tag, int(failed)],
-                             dtype=np.int64)
-            allreduce_patiently(flags, "max", group, what)
-            self.agreed = flags[1] == -flags[2] and not flags[3]
-            return bool(flags[0] or not self.agreed)
-        if (brought >= 0).any():   # a rank met for another collective: the calls differ
-            group.raise_calls_differ("row_sparse_pull", self.error, self.signature,
-                                     f" of key {self.key!r}")
-        tags = brought & TAG
-        self.agreed = bool((tags == tags[0]).all() and not (brought & PULL_ERROR).any())
-        return bool((brought & UNCOVERED).any() or not self.agreed)
+        """Whether some rank of ``group`` needs the plain pull (``calls.check_pulled_rows``),
+        noting whether the ranks' calls were the same and none failed (``agreed``)."""
+        needs, self.agreed = check_pulled_rows(group, self.key, self.tag, self.covered,
+                                               self.error, self.signature)
+        return needs
 
     def copy_out(self) -> None:
         """Engine copies of the targets into the outs: each waits for the served pull that

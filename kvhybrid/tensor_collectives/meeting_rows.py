@@ -45,7 +45,7 @@ WINDOW_BYTES = 12 * 2**20
 
 #: what a gather brings to its meeting: this bit, with ``FITS`` where the rank's message
 #: lies in its slot (distinct from a plain meeting's 0, an agreement's digest with bit 62
-#: set, a sum's bit 61 and a pull check's negative number: ``kvstore/agreement.py``,
+#: set, a sum's bit 61 and a pull check's negative number: ``kvstore/calls.py``,
 #: ``meeting_sum.py``)
 GATHER_MEETING, FITS = 1 << 60, 1
 

@@ -47,7 +47,7 @@ SLICED_RANKS, SLICED_BYTES = 5, 128 * 2**10
 
 #: what a sum brings to a meeting of its own: this bit and its byte count (distinct from a
 #: plain meeting's 0, an agreement's digest with bit 62 set and a pull check's negative
-#: number: ``kvstore/agreement.py``)
+#: number: ``kvstore/calls.py``)
 SUM_MEETING = 1 << 61
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kvhybrid.errors import KeyValueError
-from kvhybrid.kvstore.agreement import PULL_CHECK, agree_in_meeting
+from kvhybrid.kvstore.calls import PULL_CHECK, agree_in_meeting
 from kvhybrid.kvstore.row_exchange import PullCheck
 from kvhybrid.tensor_collectives import meeting_sum
 from kvhybrid.tensor_collectives.group import Group, GroupSettings
