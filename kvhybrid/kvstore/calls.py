@@ -90,10 +90,10 @@ Work = List[Tuple[Key, list, Optional[list]]]
 
 
 def signed_work(op: str, key, value, out, slots: Dict[Key, KeySlot],
-                check_route: Callable[[Key, KeySlot, str], None],
                 asks_prefetch: Callable[[Key], bool]) -> Tuple[Work, str]:
-    """Local checks of a push/pushpull: ``([(key, value, out)], signature)``. Raises
-    KeyValueError on a bad argument."""
+    """Local checks of a push/pushpull's arguments: ``([(key, value, out)], signature)``.
+    Raises KeyValueError on a bad argument. ``asks_prefetch``: whether a push of a key
+    carries the next step's row ids, which the ranks must agree on too."""
     ps = pairs(key, value, sparse_ok=op == "push")
     outs = pairs(key, out, "out") if out is not None else [(k, None) for k, _ in ps]
     signature = []
@@ -105,7 +105,6 @@ def signed_work(op: str, key, value, out, slots: Dict[Key, KeySlot],
         where = "host" if on_host(v) and (o is None or on_host(o)) else "device"
         asks = " prefetch" if op == "push" and asks_prefetch(k) else ""
         signature.append(f"key {k!r} {slot.spec} {stype} {where}{asks}")
-        check_route(k, slot, stype)
         if o is not None:
             check_out(k, v, o)
     return [(k, v, o) for (k, v), (_, o) in zip(ps, outs)], f"{op} {', '.join(signature)}"

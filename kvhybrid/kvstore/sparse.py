@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Deque, Dict, Optional, Tuple
+from dataclasses import dataclass
+from typing import Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import mxnet as mx
@@ -56,6 +57,17 @@ from .modes import SyncMode
 from .placement import Placement
 
 log = logging.getLogger("kvhybrid")
+
+
+@dataclass
+class SparsePush:
+    """A push call's row_sparse keys, as ``SparsePath.push`` takes them: ``(key, arrays)``
+    each (arrays None where this rank's call failed its checks), whether each key's row ids
+    can be read in place, and the call the ranks agree on in the rows' gather (``(local
+    error, signature)``), or None where they agreed already."""
+    items: List[Tuple[Key, Optional[list]]]
+    in_place: List[bool]
+    call: Optional[Tuple[Optional[str], Optional[str]]]
 
 
 class SparsePath:
@@ -172,75 +184,118 @@ class SparsePath:
         handed, else none (``_hands_out_unasked``)."""
         return self._prefetch_ids.pop(key, None) or (np.zeros(0, np.int64), None)
 
-    def push_with_prefetch(self, key, value, signed) -> bool:
-        """The push of one or more sparse weights that carry the next step's row ids
-        (prefetch_rows), in one meeting: its agreement travels in the rows' gather, where
-        the master compares the ranks' calls before it pushes anything. Calls that differ
-        reach every rank through the communication thread, and every rank raises at a later
-        store call, the first that finds that thread stopped (nothing was pushed). Other pushes, and a key's first (its route is
-        decided then), agree first (returns False). ``signed``: ``calls.signed_work`` for
-        this push."""
+    def _hands_out(self, key: Key, slot: KeySlot) -> bool:
+        """Whether a push of ``key`` goes to the servers in the communication thread's
+        hand-out, which asks for the next step's rows: its route is known, its rows live on
+        the servers, and it asks for them (``asks_prefetch``)."""
+        return slot.route == "servers" and slot.rows_on_servers and self.asks_prefetch(key)
+
+    def agrees_with_rows(self, key) -> bool:
+        """Whether a push of ``key`` (one key or a list) is agreed in the hand-out's gather,
+        with its rows, instead of on the caller's thread first: every key's push is handed
+        out (``_hands_out``), none twice. The master compares the ranks' calls before it
+        pushes anything; calls that differ reach every rank through the communication
+        thread, and every rank raises at a later store call. With host masters a host's
+        master sees its host's calls only: the group agrees on the communication thread
+        first, in the same job (``rx.push_and_prefetch``'s ``agree_in``), where on the
+        caller's thread a step across hosts waited for the other host."""
         keys = list(key) if isinstance(key, (list, tuple)) else [key]
-        if not keys or not all(self._prefetches_at_push(k) for k in keys) \
-                or len(set(keys)) != len(keys):   # (the checked path names a repeated key)
-            return False
-        try:   # (no settling first: a check, or a pull it serves, runs on the same thread first)
-            # the call's checks, signature and whether each key's row ids are read in place
-            # (asked of MXNet), once per call on these arrays, as two memos
-            work, signature, in_place = self.calls.checked(
-                "push with prefetch", key, value, lambda: _prefetching_push(signed()))
-            call = (None, signature)
-            pushes = [self._read_rows(k, self.slots[k], arrays, prefetching=True, in_place=i)
-                      for (k, arrays, _), i in zip(work, in_place)]
-        except KeyValueError as exc:
-            call = (str(exc), None)
-            pushes = [rx.PushOfRows(k, self.slots[k], None, None, None) for k in keys]
-        self._push_and_prefetch(pushes, call)
-        return True
+        return bool(keys) and all(is_key(k) and k in self.slots
+                                  and self._hands_out(k, self.slots[k]) for k in keys) \
+            and len(set(keys)) == len(keys)   # (the checked path names a repeated key)
 
-    def _prefetches_at_push(self, key) -> bool:
-        """Whether a push of ``key`` takes the next step's rows and its agreement with it
-        (its route is known and its rows live on the servers, the next ids were handed
-        over). A host's master sees its host's calls only: with host masters the group
-        agrees on the communication thread first, in the same job (``rx.push_and_prefetch``'s
-        ``agree_in``). On the caller's thread that agreement made a step across hosts wait in
-        ``trainer.step`` for the other host."""
-        if not is_key(key):
-            return False   # (a bad key takes the checked path, which names it)
-        if key not in self._prefetch_ids:
-            return self._hands_out_unasked(key)
-        slot = self.slots.get(key)
-        return slot is not None and slot.route is not None and slot.rows_on_servers
+    def plan_push(self, work, signature: Optional[str]) -> SparsePush:
+        """A push call's row_sparse keys, as ``push`` takes them (``work``: its checked
+        ``(key, arrays, _)``; ``signature``: the call's, where the ranks are to agree on it
+        in the rows' gather, else None: agreed already). The memo keeps it for a repeated
+        call (``Calls.checked``): whether each key's row ids are read in place is asked of
+        MXNet once."""
+        items = [(k, arrays) for k, arrays, _ in work]
+        return SparsePush(items, [len(a) == 1 and reads_row_ids_in_place(a[0])
+                                  for _, a in items],
+                          None if signature is None else (None, signature))
 
-    def push_prefetching_together(self, items) -> set:
-        """Of a checked push's row_sparse keys (``items``: ``(key, slot, arrays)``), those
-        whose rows go to the servers with the next step's ids, pushed in one gather and one
-        hand-out (``push_and_prefetch``) instead of one each: the path of a push with host
-        masters (a NMT's two tables: one meeting of the host less a step). Which keys qualify
-        is part of the call the ranks agreed on (a key's signature says whether it
-        prefetches), so every rank takes the same ones. Returns the keys pushed."""
-        pushes = [self._read_rows(k, slot, arrays, prefetching=True) for k, slot, arrays in items
-                  if slot.route == "servers" and slot.rows_on_servers
-                  and self.asks_prefetch(k)]
-        if pushes:
-            self._push_and_prefetch(pushes, (None, "agreed"), agreed=True)
-        for p in pushes:
-            self.mode.after_update(p.key, p.slot)
-        return {p.key for p in pushes}
+    def failed_push(self, key, error: str) -> SparsePush:
+        """The push of a rank whose call failed its local checks, where the ranks agree in
+        the rows' gather (``agrees_with_rows``): its keys with no rows, and the error, which
+        every rank raises once the master compared the calls. Nothing is pushed."""
+        keys = list(key) if isinstance(key, (list, tuple)) else [key]
+        return SparsePush([(k, None) for k in keys], [False] * len(keys),
+                          (error, None))
 
-    def _read_rows(self, key: Key, slot: KeySlot, arrays, prefetching: bool = False,
-                   in_place: Optional[bool] = None) -> rx.PushOfRows:
-        """This rank's push of ``key``: its gradient's row ids, read once (for α and for the
-        push). ``prefetching``: a push that prefetches, whose hand-out reads the ids of one
-        host array in place, once backward wrote them, so that the caller's thread waits
-        for nothing (``rx.push_and_prefetch``); ``in_place``: whether it can, if known."""
-        if in_place is None:
-            in_place = len(arrays) == 1 and reads_row_ids_in_place(arrays[0])
-        if prefetching and in_place:
+    def push(self, plan: SparsePush, updater=None) -> None:
+        """A push of row_sparse gradients, each key by its route, chosen at its first push:
+        'dense' sums the whole gradient as a dense key; rows in the group are summed with
+        ``Allgatherv`` and every rank updates its copy (``rx.push_in_group``); rows on the
+        servers go through the master, every such key of the call in one go
+        (``_push_to_servers``)."""
+        to_servers = []
+        for (key, arrays), in_place in zip(plan.items, plan.in_place):
+            slot = self.slots[key]
+            if arrays is None:   # (this rank's call failed: the gather carries its error)
+                to_servers.append(rx.PushOfRows(key, slot, None, None, None))
+                continue
+            push = self._read_rows(key, slot, arrays, self._hands_out(key, slot) and in_place)
+            if slot.route is None:   # (α of this push, counted by _read_rows: never in place)
+                slot.route = self._choose_route(key, slot)
+            if slot.route == "dense":  # the whole gradient, summed like a dense key's
+                self._prefetched.pop(key, None)
+                target = slot.grad_buffer() if updater is not None else slot.value
+                self.dense.sum_and_update(key, slot, [a.tostype("default") for a in arrays],
+                                          target, updater, compress=False)   # as in MXNet
+                continue
+            if not slot.rows_on_servers and self.placement.rows_on_servers(slot):
+                self._move_rows_to_servers(key, slot)
+            if slot.rows_on_servers:
+                to_servers.append(push)
+                continue
+            self._prefetched.pop(key, None)   # (this push updates the rows it holds)
+            rx.push_in_group(key, slot, arrays, push.ids, self.group, updater)
+            self.mode.after_update(key, slot)
+        if to_servers:
+            self._push_to_servers(to_servers, plan.call)
+
+    def _read_rows(self, key: Key, slot: KeySlot, arrays, in_place: bool) -> rx.PushOfRows:
+        """This rank's push of ``key``: its gradient's row ids, read once here (for α and
+        for the push), or, ``in_place``, left to the hand-out, which reads the ids of one
+        host array where it lies once backward wrote them, so that the caller's thread
+        waits for nothing (``rx.push_and_prefetch``)."""
+        if in_place:
             return rx.PushOfRows(key, slot, arrays, None, None)
         ids = local_ids(arrays)
         rx.count_rows(slot, ids, len(arrays))
         return rx.PushOfRows(key, slot, arrays, ids, None)
+
+    def _move_rows_to_servers(self, key: Key, slot: KeySlot) -> None:
+        """A dense weight's first row_sparse gradient with several client groups: its rows
+        move to the servers, as a row_sparse table (every group holds the same weight at
+        this point)."""
+        self.check_table_rows(key, slot.shape[0])
+        if self.servers is not None:
+            self.servers.init_rows(key, slot.value, self.config.partitions)
+        slot.rows_on_servers = True
+        self.placement.note_rows(self.slots)
+        self.calls.forget()   # checked pushpull calls of this key no longer hold
+
+    def _push_to_servers(self, pushes, call) -> None:
+        """The servers route: each key's rows through its row group's master, who sums them
+        and pushes the sum once (local aggregation). A key that asks for the next step's rows
+        (``asks_prefetch``) goes in one hand-out of the communication thread with every other
+        such key of the call (``_push_and_prefetch``), the ranks' agreement in it where
+        ``call`` is not None; other keys (no communication thread, or a dense weight, whose
+        pull is of the whole table) go from the caller's thread, the call agreed already."""
+        handed = []
+        for p in pushes:
+            if p.arrays is None or self.asks_prefetch(p.key):
+                handed.append(p)
+                continue
+            self._prefetched.pop(p.key, None)
+            self._prefetch_ids.pop(p.key, None)
+            rx.push_to_servers(p.key, p.slot, p.arrays, p.ids, self.row_group, self.servers)
+        if handed:
+            self._push_and_prefetch(handed, call or (None, "agreed"), agreed=call is None)
+        for p in pushes:
+            self.mode.after_update(p.key, p.slot)
 
     def _push_and_prefetch(self, pushes, call, agreed: bool = False) -> None:
         """``rx.push_and_prefetch`` of ``pushes``, each with the next ids its key was handed;
@@ -274,41 +329,6 @@ class SparsePath:
         return (self.row_group.size == 1 and call[0] is None and self.servers is not None
                 and all(p.arrays is not None and len(p.arrays) == 1 and is_host(p.arrays[0])
                         and self.servers.rows_alone(p.key) for p in pushes))
-
-    def push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
-        """A checked push of row_sparse gradients, by the key's route."""
-        self._push(key, slot, arrays, updater)
-        if slot.route != "dense":   # (the dense route's sum counted its own step)
-            self.mode.after_update(key, slot)
-
-    def _push(self, key: Key, slot: KeySlot, arrays, updater) -> None:
-        self._prefetched.pop(key, None)   # this push updates the rows it holds
-        push = self._read_rows(key, slot, arrays, prefetching=slot.route == "servers" and
-                               slot.rows_on_servers and key in self._prefetch_ids)
-        ids = push.ids
-        if slot.route is None:
-            slot.route = self._choose_route(key, slot)
-        if slot.route == "dense":  # the whole gradient, summed like a dense key's
-            target = slot.grad_buffer() if updater is not None else slot.value
-            self.dense.sum_and_update(key, slot, [a.tostype("default") for a in arrays], target,
-                                      updater, compress=False)   # uncompressed, as in MXNet
-            return
-        if not slot.rows_on_servers and self.placement.rows_on_servers(slot):
-            # A dense weight's first row_sparse gradient: its rows move to the servers, as a
-            # row_sparse table (every group holds the same weight at this point).
-            self.check_table_rows(key, slot.shape[0])
-            if self.servers is not None:
-                self.servers.init_rows(key, slot.value, self.config.partitions)
-            slot.rows_on_servers = True
-            self.placement.note_rows(self.slots)
-            self.calls.forget()   # checked pushpull calls of this key no longer hold
-        if slot.rows_on_servers and self.asks_prefetch(key):   # (the route is known now)
-            self._push_and_prefetch([push], (None, "agreed"), agreed=True)
-        elif slot.rows_on_servers:
-            rx.push_to_servers(key, slot, arrays, ids, self.row_group, self.servers)
-            self._prefetch_ids.pop(key, None)
-        else:
-            rx.push_in_group(key, slot, arrays, ids, self.group, updater)
 
     # -- routes (Parallax §3.1; routing.py) ------------------------------------------------------
     def _choose_route(self, key: Key, slot: KeySlot) -> str:
@@ -615,14 +635,6 @@ class SparsePath:
         self._prefetch_ids.clear()
         self._prefetched.clear()
         self._last_pull.clear()
-
-
-def _prefetching_push(signed: tuple) -> tuple:
-    """``push_with_prefetch``'s memo of a call: (its work, its signature's text, whether
-    each key's row ids are read in place), from its ``signed_work``."""
-    work, signature = signed
-    return (work, str(signature),
-            [len(arrays) == 1 and reads_row_ids_in_place(arrays[0]) for _, arrays, _ in work])
 
 
 def _ids_of_table(key: Key, ids, rows: int) -> np.ndarray:

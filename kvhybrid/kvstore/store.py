@@ -258,9 +258,11 @@ class HybridMPIStore(mx.kv.KVStore):
 
     # -- push, pull, pushpull ------------------------------------------------------------------
     def _signed(self, op: str, key, value, out=None):
-        """``calls.signed_work`` with this store's keys and route checks."""
-        return signed_work(op, key, value, out, self._slots, self._check_route,
-                           self.sparse.asks_prefetch)
+        """``calls.signed_work`` with this store's keys, and each key's route checked."""
+        work, signature = signed_work(op, key, value, out, self._slots, self.sparse.asks_prefetch)
+        for k, v, _ in work:
+            self._check_route(k, self._slots[k], v[0].stype)
+        return work, signature
 
     def _check_route(self, key: Key, slot: KeySlot, stype: str) -> None:
         if stype == "row_sparse":
@@ -294,20 +296,20 @@ class HybridMPIStore(mx.kv.KVStore):
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
         self._open()
         self.clock.tick(call_key(key))
-        if self.sparse.push_with_prefetch(key, value, lambda: self.calls.checked(
-                "push", key, value, lambda: self._signed("push", key, value))):
+        if self.sparse.agrees_with_rows(key):   # (its agreement travels with its rows)
+            try:
+                plan = self.calls.checked("push", key, value, lambda: self.sparse.plan_push(
+                    *self._signed("push", key, value)))
+            except KeyValueError as exc:
+                plan = self.sparse.failed_push(key, str(exc))
+            self.sparse.push(plan)
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),
                                 f" of key {key!r}")
-        done = self.sparse.push_prefetching_together(
-            [(k, self._slots[k], v) for k, v, _ in work if v[0].stype == "row_sparse"])
-        for k, value_k, _ in work:
+        rows = [w for w in work if w[1][0].stype == "row_sparse"]   # only the touched rows travel
+        self.sparse.push(self.sparse.plan_push(rows, None), self._updater)
+        for k, value_k, _ in (w for w in work if w[1][0].stype != "row_sparse"):
             slot = self._slots[k]
-            if k in done:
-                continue
-            if value_k[0].stype == "row_sparse":  # only the touched rows travel
-                self.sparse.push(k, slot, value_k, self._updater)
-                continue
             target = slot.grad_buffer() if self._updater is not None else slot.value
             self.dense.sum_and_update(k, slot, value_k, target, self._updater)
 
