@@ -233,9 +233,10 @@ class SparsePath:
         for (key, arrays), in_place in zip(plan.items, plan.in_place):
             slot = self.slots[key]
             if arrays is None:   # (this rank's call failed: the gather carries its error)
-                to_servers.append(rx.PushOfRows(key, slot, None, None, None))
+                to_servers.append((rx.PushOfRows(key, slot, None, None, None), True))
                 continue
-            push = self._read_rows(key, slot, arrays, self._hands_out(key, slot) and in_place)
+            hands_out = self._hands_out(key, slot)
+            push = self._read_rows(key, slot, arrays, hands_out and in_place)
             if slot.route is None:   # (α of this push, counted by _read_rows: never in place)
                 slot.route = self._choose_route(key, slot)
             if slot.route == "dense":  # the whole gradient, summed like a dense key's
@@ -246,8 +247,8 @@ class SparsePath:
                 continue
             if not slot.rows_on_servers and self.placement.rows_on_servers(slot):
                 self._move_rows_to_servers(key, slot)
-            if slot.rows_on_servers:
-                to_servers.append(push)
+            if slot.rows_on_servers:   # (a key's first push may ask for rows once routed)
+                to_servers.append((push, hands_out or self.asks_prefetch(key)))
                 continue
             self._prefetched.pop(key, None)   # (this push updates the rows it holds)
             rx.push_in_group(key, slot, arrays, push.ids, self.group, updater)
@@ -279,14 +280,14 @@ class SparsePath:
 
     def _push_to_servers(self, pushes, call) -> None:
         """The servers route: each key's rows through its row group's master, who sums them
-        and pushes the sum once (local aggregation). A key that asks for the next step's rows
-        (``asks_prefetch``) goes in one hand-out of the communication thread with every other
-        such key of the call (``_push_and_prefetch``), the ranks' agreement in it where
-        ``call`` is not None; other keys (no communication thread, or a dense weight, whose
+        and pushes the sum once (local aggregation). ``pushes``: (push, whether it asks for
+        the next step's rows: ``asks_prefetch``). Those that ask go in one hand-out of the
+        communication thread (``_push_and_prefetch``), with the ranks' agreement where
+        ``call`` is not None; the others (no communication thread, or a dense weight, whose
         pull is of the whole table) go from the caller's thread, the call agreed already."""
         handed = []
-        for p in pushes:
-            if p.arrays is None or self.asks_prefetch(p.key):
+        for p, asks in pushes:
+            if asks:
                 handed.append(p)
                 continue
             self._prefetched.pop(p.key, None)
@@ -294,7 +295,7 @@ class SparsePath:
             rx.push_to_servers(p.key, p.slot, p.arrays, p.ids, self.row_group, self.servers)
         if handed:
             self._push_and_prefetch(handed, call or (None, "agreed"), agreed=call is None)
-        for p in pushes:
+        for p, _ in pushes:
             self.mode.after_update(p.key, p.slot)
 
     def _push_and_prefetch(self, pushes, call, agreed: bool = False) -> None:
