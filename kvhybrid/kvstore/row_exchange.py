@@ -565,7 +565,13 @@ def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
 
 
 def _unique_ids(row_ids: NDArray, rows: int, key: Key, known=None) -> np.ndarray:
-    ids = row_ids.asnumpy().astype(np.int64).reshape(-1)
+    """``row_ids``' sorted unique ids, checked to lie in the table (a new array, never a
+    view of ``row_ids``); int64 host ids are read in place, a pull of every row's too."""
+    if np.dtype(row_ids.dtype) == np.int64 and row_ids.stype == "default" and is_host(row_ids):
+        row_ids.wait_to_read()
+        ids = host_view(row_ids, np.int64, row_ids.size)
+    else:
+        ids = row_ids.asnumpy().astype(np.int64).reshape(-1)
     if known is not None and np.array_equal(ids, known[0]):   # checked when handed over
         return known[1]
     ids = unique_ids(ids, rows)   # (in the C++ helper where it runs; numpy's sort else)
@@ -610,24 +616,56 @@ def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: List[np.ndarray], grou
                             into: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """(this rank's sorted unique ids, their rows): the master pulls the union of the
     group's ids once and hands each rank its rows (``ids``: each out's, none for a rank
-    that only takes part; ``into``: where this rank's rows go, else a new array)."""
+    that only takes part; ``into``: where this rank's rows go, else a new array). A rank
+    that wants every row (an eval's or a checkpoint's pull) sends a marker, not the table's
+    length of ids."""
     mine = (ids[0] if len(ids) == 1 else np.unique(np.concatenate(ids))) if ids \
         else np.zeros(0, np.int64)   # (one out's ids are sorted and unique already)
-    gathered = gather_patiently([mine], group, root=0, name=f"the row ids of key {key!r}")
+    rows = slot.shape[0]
+    sent = _EVERY_ROW if len(mine) == rows else mine   # (sorted unique ids in [0, rows))
+    gathered = gather_patiently([sent], group, root=0, name=f"the row ids of key {key!r}")
     packed = None
-    if group.rank == 0:   # (merges of sorted ids: a pull of every row is the table's length)
+    if group.rank == 0:
         (whole, counts), = gathered
-        union = union_ids(whole, counts)
-        table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
-                 else np.zeros((0,) + slot.shape[1:], slot.dtype))
-        sizes = counts.astype(np.int64) * slot.dtype.itemsize * math.prod(slot.shape[1:])
-        send = np.empty(int(sizes.sum()), np.uint8)
-        take_rows(union, np.ascontiguousarray(table), whole, counts, send,
-                  np.concatenate(([0], np.cumsum(sizes)[:-1])))
-        packed = (send, sizes)
-    rows = into if into is not None else np.empty((len(mine),) + slot.shape[1:], slot.dtype)
-    scatter_bytes(packed, rows, group, name=f"the rows of key {key!r}")
-    return mine, rows
+        packed = _rows_for_each_rank(key, slot, whole, counts.astype(np.int64), servers)
+    got = into if into is not None else np.empty((len(mine),) + slot.shape[1:], slot.dtype)
+    scatter_bytes(packed, got, group, name=f"the rows of key {key!r}")
+    return mine, got
+
+
+#: what a rank that wants every row of a table sends in place of its ids
+_EVERY_ROW = np.array([-1], np.int64)
+_EVERY_ROW.flags.writeable = False
+
+
+def _rows_for_each_rank(key: Key, slot: KeySlot, whole: np.ndarray, counts: np.ndarray,
+                        servers: Optional[ServerLink]) -> Tuple[np.ndarray, np.ndarray]:
+    """The master's part of ``fetch_rows_from_servers``: the union of the ranks' ids (each
+    rank's ``counts[r]`` of ``whole``, sorted unique, or the marker of every row) pulled
+    once, each rank's rows cut from it straight into the send buffer, packed for
+    ``scatter_bytes``."""
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    every = np.array([n == 1 and whole[at] == -1 for at, n in zip(starts.tolist(),
+                                                                  counts.tolist())], bool)
+    some = ~every
+    if every.any():   # (the others' ids apart from the markers; the union is every row)
+        part = np.concatenate([whole[at:at + n] for at, n in zip(starts[some], counts[some])]
+                              + [np.zeros(0, np.int64)])
+        union = np.arange(slot.shape[0], dtype=np.int64)
+    else:
+        part, union = whole, union_ids(whole, counts)
+    table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
+             else np.zeros((0,) + slot.shape[1:], slot.dtype))
+    table = np.ascontiguousarray(table)
+    row_bytes = slot.dtype.itemsize * math.prod(slot.shape[1:])
+    sizes = np.where(every, slot.shape[0], counts).astype(np.int64) * row_bytes
+    offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    send = np.empty(int(sizes.sum()), np.uint8)
+    if some.any():
+        take_rows(union, table, part, counts[some], send, offsets[some])
+    for at in offsets[every].tolist():   # (every row: the table as it came)
+        send[at:at + table.nbytes] = table.reshape(-1).view(np.uint8)
+    return send, sizes
 
 
 #: row ids MXNet's pull takes as a user hands them: int64 as documented, float32 as Gluon

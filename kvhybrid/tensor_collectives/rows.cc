@@ -83,16 +83,22 @@ extern "C" {
 
 // The sorted unique values of ``ids`` (``count`` of them, each in [0, rows): a batch's
 // word ids as prefetch_rows was handed them) into ``out`` (room for ``count``); returns
-// how many, or -1 where an id lies outside [0, rows). A bitmap of the ids' span where it
-// is small beside them (a vocabulary's rows), else a sort.
+// how many, or -1 where an id lies outside [0, rows). Ids already increasing are copied; else
+// a bitmap of the ids' span where it is small beside them (a vocabulary's rows), or a sort.
 int64_t kvhybrid_unique_ids(const int64_t* ids, int64_t count, int64_t rows, int64_t* out) {
   if (count == 0) return 0;
   int64_t low = ids[0], high = ids[0];
+  bool increasing = true;   // (sorted and unique already: a pull of every row, in order)
   for (int64_t i = 1; i < count; ++i) {
+    increasing = increasing && ids[i] > ids[i - 1];
     low = std::min(low, ids[i]);
     high = std::max(high, ids[i]);
   }
   if (low < 0 || high >= rows) return -1;
+  if (increasing) {
+    std::memcpy(out, ids, sizeof(int64_t) * count);
+    return count;
+  }
   const int64_t span = high - low + 1;
   // The bitmap costs a word per 64 rows of the span, a sort about log2(count) steps an id:
   // the bitmap up to a span of 512 rows an id, a sort for a sparse spread over a larger

@@ -104,6 +104,18 @@ def test_unique_ids_is_numpys_unique(rows, helper):
     assert unique_ids(np.zeros(0, np.int64), rows).tolist() == []
 
 
+def test_unique_ids_of_ids_in_order_are_those_ids(helper):
+    every = np.arange(1000, dtype=np.int64)   # (a pull of every row)
+    got = unique_ids(every, 1000)
+    assert got.tolist() == every.tolist() and got is not every
+    assert unique_ids(np.array([0, 1, 1, 2], np.int64), 1000).tolist() == [0, 1, 2]
+    assert unique_ids(np.array([2, 5, 4], np.int64), 1000).tolist() == [2, 4, 5]
+    if helper == "helper":   # (ids in order outside the table are refused all the same)
+        out = np.empty(2, np.int64)
+        assert rows_module._helper().kvhybrid_unique_ids(
+            np.array([3, 10], np.int64).ctypes.data, 2, 10, out.ctypes.data) == -1
+
+
 def test_unique_ids_outside_the_table_are_left_to_numpy():
     lib = rows_module._helper()
     assert lib is not None, "rows.cc was not built: run scripts/setup.sh"
