@@ -675,7 +675,7 @@ _IDS_AS_HANDED = (np.dtype(np.int64), np.dtype(np.float32))
 
 def pull_rows_alone(key: Key, out: NDArray, ids: np.ndarray, row_ids: Optional[NDArray],
                     servers: ServerLink, group: Group) -> None:
-    """A plain pull of a client group of one rank (``SparsePath._pulls_alone``): the rows
+    """A plain pull of a client group of one rank (``SparsePath._pull_rows``): the rows
     ``ids`` (sorted unique, checked) into ``out`` through MXNet's engine, as ``dist_sync``
     pulls them, with nothing waiting on any thread of ours; the group's watchdog times the
     servers' answer. ``row_ids``: the call's array of those ids, if it had one, handed to

@@ -32,6 +32,7 @@ host's rows out over a host communicator of the communication thread).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Deque, Dict, List, Optional, Tuple
@@ -397,48 +398,56 @@ class SparsePath:
         rx.pull_whole_table(key, slot, into, self.row_group, self.servers)
 
     def row_sparse_pull(self, key, out, row_ids) -> None:
-        """Write the rows ``row_ids`` of ``key`` into the row_sparse arrays ``out``."""
-
-        def checked_outs():   # the same on every call with these outs (calls.checked)
-            outs = pairs(key, out, "out", sparse_ok=True)
-            slots = []
-            for k, o in outs:
-                slots.append(lookup(self.slots, k))
-                check_pull_out(k, slots[-1], o)
-            return outs, slots, f"row_sparse_pull {keys_text(outs)}"
-
-        # a pull of the ids prefetch_rows was handed, in their order, skips their sort
+        """Write the rows ``row_ids`` of ``key`` into the row_sparse arrays ``out``. A loop's
+        repeated pull of the ids it handed over replays its last pull's checks
+        (``_pull_as_before``); a pull of a key whose next rows were fetched ahead takes them,
+        or has them served on the communication thread (``_pull_prefetched``); any other
+        pull is agreed, then served by where its rows live (``_pull_rows``)."""
         prefetch = self._prefetched.get(key) if is_key(key) else None
         if prefetch is not None and self._pull_as_before(key, prefetch, out, row_ids):
             return
-
-        def build():   # (a prefetch's ids are known once its rows came: built after that)
-            known = (prefetch.handed, prefetch.ids) if prefetch is not None \
-                and prefetch.handed is not None and prefetch.ids is not None else None
-            if out is None or row_ids is None:
-                raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
-                                    "arrays) and row_ids= (the rows to fetch)")
-            outs, slots, signature = self.calls.checked("row_sparse_pull", key, out,
-                                                        checked_outs)
-            if isinstance(key, (list, tuple)):
-                if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
-                    raise KeyValueError(f"a list of {len(outs)} keys needs a list of "
-                                        f"{len(outs)} row_ids")
-                ids_per_key = list(row_ids)
-            else:
-                ids_per_key = [row_ids]
-            work = []
-            for (k, o), slot, ids in zip(outs, slots, ids_per_key):
-                ids = [ids] * len(o) if isinstance(ids, mx.nd.NDArray) else list(ids)
-                work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids, known)))
-            return work, signature
-
+        build = functools.partial(self._checked_pull, key, out, row_ids, prefetch)
         # (one key's one array of ids: what a pull through MXNet's engine hands it)
         one = row_ids if isinstance(row_ids, mx.nd.NDArray) else None
-        if is_key(key) and key in self._prefetched:
+        if prefetch is not None:
             self._pull_prefetched(key, build, one)
-            return
-        self._plain_pull(key, build, one)
+        else:
+            self._pull_rows(self._agreed_pull(key, build), one)
+
+    def _checked_pull(self, key, out, row_ids, prefetch: Optional[rx.Prefetch]) -> tuple:
+        """A ``row_sparse_pull``'s local checks: ``([(key, slot, outs, each out's sorted
+        unique ids)], signature)``, or KeyValueError. The outs' checks run once per repeated
+        call (the memo); ids equal to those ``prefetch`` was handed are not sorted again
+        (they are known once its rows came: this runs after that)."""
+        known = (prefetch.handed, prefetch.ids) if prefetch is not None \
+            and prefetch.handed is not None and prefetch.ids is not None else None
+        if out is None or row_ids is None:
+            raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
+                                "arrays) and row_ids= (the rows to fetch)")
+        outs, slots, signature = self.calls.checked("row_sparse_pull", key, out,
+                                                    lambda: self._checked_outs(key, out))
+        if isinstance(key, (list, tuple)):
+            if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
+                raise KeyValueError(f"a list of {len(outs)} keys needs a list of "
+                                    f"{len(outs)} row_ids")
+            ids_per_key = list(row_ids)
+        else:
+            ids_per_key = [row_ids]
+        work = []
+        for (k, o), slot, ids in zip(outs, slots, ids_per_key):
+            ids = [ids] * len(o) if isinstance(ids, mx.nd.NDArray) else list(ids)
+            work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids, known)))
+        return work, signature
+
+    def _checked_outs(self, key, out) -> tuple:
+        """(outs by key, their slots, the call's signature): the same on every call with
+        these outs."""
+        outs = pairs(key, out, "out", sparse_ok=True)
+        slots = []
+        for k, o in outs:
+            slots.append(lookup(self.slots, k))
+            check_pull_out(k, slots[-1], o)
+        return outs, slots, f"row_sparse_pull {keys_text(outs)}"
 
     def _pull_as_before(self, key, prefetch: rx.Prefetch, out, row_ids) -> bool:
         """A training loop's pull, in a few calls: the ids ``prefetch_rows`` was handed, in
@@ -489,36 +498,33 @@ class SparsePath:
                 every_row = mx.nd.arange(self.slots[k].shape[0], dtype="int64")
                 self.row_sparse_pull(k, rows, [every_row] * len(rows))
 
-    def _plain_pull(self, key, build, row_ids: Optional[mx.nd.NDArray]) -> None:
-        """The pull through the master: agreement, the ids' gather, the rows' scatter.
-        ``row_ids``: the call's one array of ids, if it had one."""
-        if not self.config.num_servers:  # every rank holds every row: nothing to agree on
+    def _agreed_pull(self, key, build) -> list:
+        """A pull's checked work (``build``: ``_checked_pull``), agreed by the group where
+        its rows come through the master; every rank holding every row has nothing to agree
+        on."""
+        if not self.config.num_servers:
             try:
-                work = build()[0]
+                return build()[0]
             except KeyValueError as exc:
                 raise KeyValueError(f"row_sparse_pull failed: {exc}") from None
-        else:
-            work = self.calls.check("row_sparse_pull", build, f" of key {key!r}")
-        self._pull_checked(work, row_ids)
+        return self.calls.check("row_sparse_pull", build, f" of key {key!r}")
 
-    def _pull_checked(self, work, row_ids: Optional[mx.nd.NDArray]) -> None:
-        """``_plain_pull``'s rows, its call checked (and agreed)."""
+    def _pull_rows(self, work, row_ids: Optional[mx.nd.NDArray]) -> None:
+        """A checked and agreed pull, each key by where its rows live: every rank's own copy
+        (``rx.pull_rows_local``), or through the row group's master, who pulls the union of
+        the group's ids once and hands each rank its rows (``rx.pull_rows_from_servers``). A
+        row group of one rank (pure PS) whose table is in one piece on dist_sync servers
+        pulls through MXNet's engine, as ``dist_sync`` does (``rx.pull_rows_alone``), where a
+        communication thread runs (without one the store keeps off MXNet's engine).
+        ``row_ids``: the call's one array of ids, if it had one."""
         for k, slot, outs, ids in work:
-            if self._pulls_alone(k, slot, outs):
-                rx.pull_rows_alone(k, outs[0], ids[0], row_ids, self.servers, self.row_group)
-            elif slot.rows_on_servers:
-                rx.pull_rows_from_servers(k, slot, outs, ids, self.row_group, self.servers)
-            else:
+            if not slot.rows_on_servers:
                 rx.pull_rows_local(slot, outs, ids)
-
-    def _pulls_alone(self, key: Key, slot: KeySlot, outs) -> bool:
-        """Whether a plain pull of ``key`` goes to the servers through MXNet's engine, as
-        ``dist_sync``'s does (``rx.pull_rows_alone``): a row group of one rank (pure PS)
-        whose table is in one piece on dist_sync servers, one out, and a communication
-        thread (without one the store keeps off MXNet's engine)."""
-        return (slot.rows_on_servers and self.row_group.size == 1 and len(outs) == 1
-                and self.engine is not None and self.servers is not None
-                and self.servers.rows_alone(key))
+            elif (self.row_group.size == 1 and len(outs) == 1 and self.engine is not None
+                    and self.servers is not None and self.servers.rows_alone(k)):
+                rx.pull_rows_alone(k, outs[0], ids[0], row_ids, self.servers, self.row_group)
+            else:
+                rx.pull_rows_from_servers(k, slot, outs, ids, self.row_group, self.servers)
 
     def _pull_prefetched(self, key, build, row_ids: Optional[mx.nd.NDArray]) -> None:
         """A pull of a key whose next rows were fetched ahead (``prefetch_rows``). If this
@@ -544,10 +550,8 @@ class SparsePath:
         except KeyValueError as exc:
             work, signature, error, covered = None, None, str(exc), False
         if not covered and self.engine.group.size == 1:   # no one to check with or to wait for
-            if error is None:
-                self._pull_checked(work, row_ids)
-            else:
-                self._plain_pull(key, build, row_ids)   # (raises it as a plain pull does)
+            # (a failed call raises as a plain pull's does)
+            self._pull_rows(work if error is None else self._agreed_pull(key, build), row_ids)
             return
         check = rx.PullCheck(key, work, signature, error, covered)
         check.start(self.engine, self.hand_out_group, self.servers)
