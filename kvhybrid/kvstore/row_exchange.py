@@ -31,7 +31,7 @@ from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, hos
                                                     host_view, ids_address, is_host, make_rows,
                                                     new_host_row_sparse, reads_row_ids_in_place,
                                                     row_sparse_ids, rows_made_later)
-from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_rows,
+from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
                                        scatter_bytes, sum_rows, take_rows,
                                        union_ids, unique_ids)
 from ..tensor_collectives.watchdog import current_step, steps_differ
@@ -649,7 +649,7 @@ def _rows_for_each_rank(key: Key, slot: KeySlot, whole: np.ndarray, counts: np.n
                                                                   counts.tolist())], bool)
     some = ~every
     if every.any():   # (the others' ids apart from the markers; the union is every row)
-        part = np.concatenate([whole[at:at + n] for at, n in zip(starts[some], counts[some])]
+        part = np.concatenate([ids for ids, e in zip(by_rank(whole, counts), every) if not e]
                               + [np.zeros(0, np.int64)])
         union = np.arange(slot.shape[0], dtype=np.int64)
     else:

@@ -236,7 +236,8 @@ class SparsePath:
             if arrays is None:   # (this rank's call failed: the gather carries its error)
                 to_servers.append((rx.PushOfRows(key, slot, None, None, None), True))
                 continue
-            hands_out = self._hands_out(key, slot)
+            # (a call agreed with its rows hands every key out: agrees_with_rows asked)
+            hands_out = plan.call is not None or self._hands_out(key, slot)
             push = self._read_rows(key, slot, arrays, hands_out and in_place)
             if slot.route is None:   # (α of this push, counted by _read_rows: never in place)
                 slot.route = self._choose_route(key, slot)
