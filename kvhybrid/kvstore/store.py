@@ -25,7 +25,6 @@ import hashlib
 import logging
 import os
 import tempfile
-import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -127,8 +126,8 @@ class HybridMPIStore(mx.kv.KVStore):
         # plain pulls they serve on the communication thread
         self.calls.before_meeting = self.sparse.settle_pulls
         self.clock = StepClock()
-        ref = weakref.ref(self)
-        atexit.register(lambda: ref() is not None and ref().close())
+        # held until closed: a dropped store still serves its pending pulls at exit
+        atexit.register(self.close)
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", self.NAME,
                  self.rank, self.num_workers, self.placement.client_rank,
                  self.placement.num_clients, self.config.num_servers)
@@ -552,6 +551,7 @@ class HybridMPIStore(mx.kv.KVStore):
         """Stop the watchdog and drop the store's arrays (idempotent)."""
         if self._closed:
             return
+        atexit.unregister(self.close)
         try:   # a rank may be waiting for this one to serve it a pull
             self.sparse.settle_pulls()
         except KVHybridError as exc:

@@ -71,3 +71,15 @@ def test_module_over_csr_equals_one_process_on_the_union_batch(shape, optimizer,
             (name, float(np.abs(have - value).max()))
         assert np.abs(value - init[name].tostype("default").asnumpy()).max() > 1e-3, \
             f"{name} did not move: the comparison would prove nothing"
+
+
+def test_a_module_whose_store_is_dropped_unclosed_serves_its_last_pull_and_exits_cleanly():
+    """The example's ``main`` returns with its Module and store dropped, collected as garbage,
+    and its last checkpoint's pull of every row possibly still on the communication thread
+    (without ``--prefix`` nothing waits for it): the store is still closed at exit, which
+    serves that pull and reports the row_sparse keys, and the job ends well."""
+    r = run_launcher(["-n", 2, "--servers", 1], "module_dropped.py",
+                     ["--features", FEATURES, "--nnz", NNZ, "--batch-size", BATCH,
+                      "--batches", BATCHES, "--epochs", EPOCHS], timeout=180)
+    assert r.returncode == 0, r.output[-4000:]
+    assert "row_sparse keys (α as rank 0 saw it): 'weight'" in r.output, r.output[-3000:]
