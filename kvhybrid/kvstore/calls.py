@@ -121,19 +121,43 @@ class Calls:
         #: runs before every meeting of the group here (``SparsePath.settle_pulls``)
         self.before_meeting: Callable[[], None] = lambda: None
 
-    def check(self, what: str, build, about: str = "", settle: bool = True):
+    def check(self, what: str, build, about: str = ""):
         """Run ``build()`` (local checks, returns (result, signature)) and agree with all
         ranks: every rank raises the same error if any rank failed or the signatures differ;
-        returns this rank's result. ``settle=False``: a call that sends nothing after the
-        agreement need not wait for ``before_meeting`` first."""
-        if settle:
-            self.before_meeting()
+        returns this rank's result."""
+        self.before_meeting()
         try:
             result, signature = build()
             error = None
         except KeyValueError as exc:
             result, signature, error = None, None, str(exc)
         agree(self.group, what, signature, error, about, patient=self._patient())
+        return result
+
+    def check_again(self, what: str, key, arrays, build, about: str,
+                    comm: Optional[EngineComm]):
+        """``check``, except that a call the ranks agreed on before with these very arrays
+        (its checks passed then, and nothing they read has changed) is agreed on ``comm``'s
+        thread (``agree_later``) where there is one: the caller's thread meets no one."""
+        ident = ("agreed", what, call_key(key), _handles(arrays))
+        try:
+            known = self._checked.get(ident) if comm is not None else None
+        except TypeError:   # an unhashable key: check() raises the error that names it
+            known = ident = None
+        if known is not None:
+            agree_later(comm, what, known[1], about)
+            return known[0]
+        checked = []
+
+        def signed():
+            checked.append(build())
+            return checked[-1]
+
+        result = self.check(what, signed, about)
+        if ident is not None:   # (reached only if every rank's call passed)
+            if len(self._checked) >= MEMO_LIMIT:
+                self._checked.clear()
+            self._checked[ident] = checked[-1]
         return result
 
     def pushpull(self, key, value, out, build: Callable[[], Tuple[Work, str]],

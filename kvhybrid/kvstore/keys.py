@@ -121,6 +121,14 @@ def pairs(key, value, arg: str = "value", sparse_ok: bool = False) -> List[Tuple
     return [(k, _arrays(k, v, arg, sparse_ok)) for k, v in zip(keys, values)]
 
 
+def only_row_sparse(out) -> bool:
+    """Whether ``out`` (an array, or a list of arrays or of lists of them) holds row_sparse
+    arrays only: a ``pull`` with ``ignore_sparse`` then reads nothing, as in MXNet's stores."""
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    flat = [a for o in outs for a in (o if isinstance(o, (list, tuple)) else [o])]
+    return bool(flat) and all(isinstance(a, NDArray) and a.stype == "row_sparse" for a in flat)
+
+
 def first_key(keys) -> Optional[Key]:
     """The first of ``keys`` that sets a store's key type (kvhybrid's own keys do not)."""
     return next((k for k in keys if not _own(k)), None)

@@ -41,7 +41,7 @@ from ..tensor_collectives.ops import copy_to_all
 from .calls import Calls, call_key, keys_text, signed_work, unrecorded
 from .dense import DensePath, start_engine
 from .keys import (Key, KeySlot, Slots, check_key_types, check_matches, check_pull_out, lookup,
-                   pairs, spec, zeros)
+                   only_row_sparse, pairs, spec, zeros)
 from .modes import AsyncMode, SyncMode
 from .placement import Placement
 from .ps.link import ServerLink
@@ -317,8 +317,14 @@ class HybridMPIStore(mx.kv.KVStore):
         """Copy the value of ``key`` into ``out``: a local copy with one group and no servers,
         else a call every rank of the group makes (the servers may hold a newer value). As in
         MXNet's stores, row_sparse outs are skipped with ``ignore_sparse`` (they take
-        ``row_sparse_pull``); without it they get every row, as MXNet's local stores give."""
+        ``row_sparse_pull``; a repeated pull of those only is agreed on the communication
+        thread); without it they get every row, as MXNet's local stores give."""
         self._open()
+        if ignore_sparse and self.config.num_servers and only_row_sparse(out):
+            self.calls.check_again("pull", key, out, lambda: (self._pull_pairs(key, out),
+                                   "pull (row_sparse outs, skipped)"), f" of key {key!r}",
+                                   self._engine)   # (Module's every step)
+            return
         self._pull_dense(key, out)   # (its checks, agreed: every rank raises a bad call)
         if not ignore_sparse:
             self.sparse.pull_every_row(key, out)
@@ -329,18 +335,11 @@ class HybridMPIStore(mx.kv.KVStore):
             for k, out_k in self._pull_pairs(key, out):
                 copy_to_all(self._slots[k].value, out_k)
             return
-
-        try:   # (a bad call raises in the agreed check below, on every rank)
-            kept = self._pull_pairs(key, out)
-        except KeyValueError:
-            kept = None
-
-        def build():
-            ps = self._pull_pairs(key, out) if kept is None else kept
+        def build():   # (a bad call raises in the agreement, on every rank)
+            ps = self._pull_pairs(key, out)
             return ps, f"pull {keys_text(ps)}"
 
-        # only row_sparse outs (skipped, as in MXNet's stores): agreed, with nothing to settle
-        for k, out_k in self.calls.check("pull", build, f" of key {key!r}", settle=kept != []):
+        for k, out_k in self.calls.check("pull", build, f" of key {key!r}"):
             slot = self._slots[k]
             into = slot.value if slot.value is not None else out_k[0]
             if slot.rows_on_servers:

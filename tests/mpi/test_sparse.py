@@ -254,6 +254,20 @@ def test_a_pull_of_row_sparse_outs_only_is_skipped_and_still_agreed(tmp_path):
     assert got[0]["message"] == got[1]["message"]
 
 
+def test_a_repeated_pull_of_row_sparse_outs_only_is_still_agreed(tmp_path):
+    """The same skipped pull into the same out each step (Module's pull of a row_sparse
+    weight after its push) is agreed on the communication thread: where rank 0 makes it once
+    more than rank 1, both ranks raise the same error, at a later call, within the test's
+    timeout."""
+    r = run_launcher(["-n", 2, "--servers", 1], "skipped_pull_again.py", [tmp_path],
+                     timeout=120, env={"KVHYBRID_TIMEOUT": "60"})
+    assert r.returncode == 0, r.output[-3000:]
+    got = [json.load(open(tmp_path / f"again-rank{rank}.json")) for rank in range(2)]
+    for g in got:
+        assert g["raised"] == "KeyValueError" and "differs between ranks" in g["message"], g
+        assert g["at_step"] >= 2, g   # (steps 0 and 1 are the same on both ranks)
+    assert got[0]["message"] == got[1]["message"]
+
 def test_a_pull_of_every_row_beside_pulls_of_some_rows_gives_each_rank_its_rows(tmp_path):
     """Rank 0 pulls every row, rank 1 some (unsorted, repeated), rank 2 none, in one call:
     before the table's first push and after it, each rank gets the servers' values of the
