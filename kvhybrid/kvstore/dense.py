@@ -62,13 +62,13 @@ class DensePath:
                  slots: Dict[Key, KeySlot], engine: Optional[EngineComm]):
         self.config, self.mode, self.placement, self.slots = config, mode, placement, slots
         self.engine = engine
-        #: dense pushpulls take the engine path (with several groups they go through the
-        #: servers, blocking; the engine thread then serves prefetched rows only)
-        self.on_engine = engine is not None and not placement.sum_across_groups
         #: dense pushpulls go to the servers through MXNet's engine (a client group of one
         #: rank with servers: server_round_trips.py)
         self.round_trips = (engine is not None and placement.sum_across_groups
                             and placement.group.size == 1 and placement.servers is not None)
+        #: dense pushpulls take the engine path (with several groups the group's sum goes
+        #: on to the servers in the same job: ``overlap.AcrossGroups``)
+        self.on_engine = engine is not None and not self.round_trips
         self.round_trip_calls = 0   # pushpulls that took that path
         self.shared_grads = overlap.GradientBuffers()
         self._fusion = FusionBuffer()
@@ -117,9 +117,13 @@ class DensePath:
         not ``agreed`` yet is agreed on the communication thread: in its first bucket's
         meeting where the ranks share a host (no collective of its own, which delayed the
         start of a lone pushpull's sum), else in a small allreduce before its buckets."""
+        across = overlap.AcrossGroups(self.placement.servers) \
+            if self.placement.sum_across_groups else None
         if call.engine_plan is None:
             call.engine_plan = overlap.plan(call.work, self.slots, self.bucket_bytes,
                                             self.shared_grads)
+            if across is not None and across.link is not None:   # (every master, alike)
+                across.link.packs_of([k for k, *_ in call.work])
             if call.engine_plan[0] and self.engine.group.meets_on_host:   # (made once)
                 call.meeting = overlap.Agreement(
                     f"pushpull{call.about}", functools.partial(
@@ -129,7 +133,7 @@ class DensePath:
         if not agreed and call.meeting is None:
             agree_later(self.engine, "pushpull", call.signature, call.about)
         overlap.run(buckets_, self.engine, updater,
-                    agreement=call.meeting if not agreed else None)
+                    agreement=call.meeting if not agreed else None, across=across)
         return rest
 
     def _round_trips(self, call: CheckedCall, updater):

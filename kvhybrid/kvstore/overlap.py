@@ -45,10 +45,11 @@ from ..tensor_collectives.group import Group
 from ..tensor_collectives.fusion import buckets
 from ..tensor_collectives.ndarray_view import host_view, is_host
 from ..tensor_collectives.operators import Operator
-from ..tensor_collectives.ops import copy_to_all
+from ..tensor_collectives.ops import broadcast_view, copy_to_all
 from . import flat_update
 from .flat_update import FlatSGD
 from .keys import Key, KeySlot
+from .ps.link import ServerLink
 
 #: the first bucket's bound (PyTorch DDP's ``first_bucket_bytes``)
 FIRST_BUCKET_BYTES = 2**20
@@ -278,8 +279,18 @@ class Agreement:
     meet: Callable[[Group], bool]      # meets (True), or raises on every rank
 
 
+@dataclass(frozen=True)
+class AcrossGroups:
+    """With several client groups a bucket's group sum goes on, in the same job, to the
+    servers through the group's master (``link``: its link, None on the other ranks), and
+    their answer (the sum over groups, or the weights their optimizer updated) comes back
+    to every rank of the group, as ``DensePath.sum_and_update`` does key by key. The
+    master packs the call's small keys when it plans the call (``ServerLink.packs_of``)."""
+    link: Optional[ServerLink]
+
+
 def run(buckets_: Sequence[EngineBucket], comm: EngineComm, updater, priority: int = 0,
-        agreement: Optional[Agreement] = None) -> None:
+        agreement: Optional[Agreement] = None, across: Optional[AcrossGroups] = None) -> None:
     """Push one step of a call's buckets (see module): every bucket's gradients into its
     buffer first, then each bucket's allreduce and its update or copy back. Gathering all
     first makes a call that names one array for two keys sum what the array held, not a
@@ -288,7 +299,7 @@ def run(buckets_: Sequence[EngineBucket], comm: EngineComm, updater, priority: i
     for bucket in buckets_:
         _gather(bucket)
     for i, bucket in enumerate(buckets_):
-        _sum(bucket, comm, updater, priority, agreement if i == 0 else None)
+        _sum(bucket, comm, updater, priority, agreement if i == 0 else None, across)
 
 
 def _gather(bucket: EngineBucket) -> None:
@@ -306,10 +317,11 @@ def _gather(bucket: EngineBucket) -> None:
 
 
 def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
-         agreement: Optional[Agreement] = None) -> None:
+         agreement: Optional[Agreement] = None, across: Optional[AcrossGroups] = None) -> None:
     group, view, source = comm.group, bucket.view, bucket.source_view
     agreeing = f"the ranks to agree on {agreement.what}, then " if agreement else ""
-    weights = _weights(bucket, updater) if updater is not None else None
+    # (across groups the servers update the weights: their answer is copied, as a sum is)
+    weights = _weights(bucket, updater) if updater is not None and across is None else None
     # a small bucket's SGD is made by its allreduce, right after the sum (flat_update.py)
     update = weights.flat.prepare() if weights is not None and weights.in_allreduce else None
 
@@ -321,21 +333,44 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
                                             f"{group.name} of {group.size} ranks"):
             group.algorithms.allreduce(
                 view, meet=None if agreement is None else lambda: agreement.meet(group))
+        if across is not None:
+            _through_servers(bucket, group, across.link)
         if update is not None:
             update()
         group.bytes_sent["dense"] += view.nbytes
         group.fused_calls += 1
         group.fused_in_place += bucket.in_place
 
-    comm.submit(bucket.name, _engine_arrays(bucket, weights), allreduce, priority)
+    # (the master's later calls of the link wait for this job: ps-lite sees its push first)
+    done = across.link.defer() if across is not None and across.link is not None else None
+    comm.submit(bucket.name, _engine_arrays(bucket, weights), allreduce, priority,
+                cleanup=done)
     if weights is not None:
         _update(bucket, weights, updated=update is not None)
         return
     for it in bucket.items:
         dst = it.out if it.out is not None else it.value
+        if across is not None and updater is not None:   # (the servers' updated weight)
+            it.total.copyto(it.slot.value)
         for d, arr in enumerate(dst):
             if not (bucket.in_place and d == 0):
                 it.total.copyto(arr)
+
+
+def _through_servers(bucket: EngineBucket, group: Group, link: Optional[ServerLink]) -> None:
+    """On the communication thread, after the group's sum: the master pushes each key's sum
+    and pulls the servers' answer into the bucket's buffer (``link``; the other ranks have
+    none), then the group gets it."""
+    if link is not None:
+        spans, start = [], 0
+        for it in bucket.items:
+            span = bucket.view[start:start + it.slot.count]
+            spans.append((it.key, span, span))
+            start += it.slot.count
+        with link.deferred(group.watchdog):
+            link.push_pull_views(spans, new_packs=False)   # (packed at the plan: its calls
+            #                                                   wait for MXNet's engine)
+    broadcast_view(bucket.view, 0, group, name=f"{bucket.name} from the servers", patient=True)
 
 
 def _engine_arrays(bucket: EngineBucket, weights: Optional[_Weights]) -> EngineArrays:
