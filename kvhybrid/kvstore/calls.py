@@ -157,7 +157,7 @@ class Calls:
         if ident is not None:   # (reached only if every rank's call passed)
             if len(self._checked) >= MEMO_LIMIT:
                 self._checked.clear()
-            self._checked[ident] = checked[-1]
+            self._checked[ident] = (*checked[-1], arrays)   # (held: their handles stay theirs)
         return result
 
     def pushpull(self, key, value, out, build: Callable[[], Tuple[Work, str]],

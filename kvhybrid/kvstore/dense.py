@@ -3,12 +3,15 @@ over the groups (the servers); then the store's optimizer, if it has one.
 
 A pushpull takes one of four routes, chosen per call:
 
-- **engine** (the default inside one group, ``overlap.py``): buckets pushed into MXNet's
-  engine, each summed on the communication thread as soon as backward has written it;
+- **engine** (the default, ``overlap.py``): buckets pushed into MXNet's engine, each summed
+  on the communication thread as soon as backward has written it (with several client
+  groups the same job takes the sum to the servers and their answer back to the group; a
+  group per worker pushes and pulls through MXNet's engine, ``server_round_trips.py``);
 - **fused**: the call's keys summed in fused buffers on the caller's thread (the engine
   path off: ``KVHYBRID_ENGINE=0``, or MPI without thread support);
-- **across groups**: fused buckets summed in the group, sent by the master to the servers
-  (all before any answer is awaited, as ``dist_sync`` does), answers broadcast in the group;
+- **across groups** (the engine path off): fused buckets summed in the group, sent by the
+  master to the servers (all before any answer is awaited, as ``dist_sync`` does), answers
+  broadcast in the group;
 - **key by key** (``sum_and_update``): compressed keys, single keys, pushes.
 """
 from __future__ import annotations
@@ -123,7 +126,7 @@ class DensePath:
             call.engine_plan = overlap.plan(call.work, self.slots, self.bucket_bytes,
                                             self.shared_grads)
             if across is not None and across.link is not None:   # (every master, alike)
-                across.link.packs_of([k for k, *_ in call.work])
+                across.link.packs_of([it.key for b in call.engine_plan[0] for it in b.items])
             if call.engine_plan[0] and self.engine.group.meets_on_host:   # (made once)
                 call.meeting = overlap.Agreement(
                     f"pushpull{call.about}", functools.partial(

@@ -343,8 +343,13 @@ def _sum(bucket: EngineBucket, comm: EngineComm, updater, priority: int,
 
     # (the master's later calls of the link wait for this job: ps-lite sees its push first)
     done = across.link.defer() if across is not None and across.link is not None else None
-    comm.submit(bucket.name, _engine_arrays(bucket, weights), allreduce, priority,
-                cleanup=done)
+    try:
+        comm.submit(bucket.name, _engine_arrays(bucket, weights), allreduce, priority,
+                    cleanup=done)
+    except BaseException:   # (nothing was queued: the link must not wait for it)
+        if done is not None:
+            done()
+        raise
     if weights is not None:
         _update(bucket, weights, updated=update is not None)
         return
@@ -368,8 +373,8 @@ def _through_servers(bucket: EngineBucket, group: Group, link: Optional[ServerLi
             spans.append((it.key, span, span))
             start += it.slot.count
         with link.deferred(group.watchdog):
-            link.push_pull_views(spans, new_packs=False)   # (packed at the plan: its calls
-            #                                                   wait for MXNet's engine)
+            # (packed at the plan: packing waits for all of MXNet's engine, this job too)
+            link.push_pull_views(spans, new_packs=False)
     broadcast_view(bucket.view, 0, group, name=f"{bucket.name} from the servers", patient=True)
 
 

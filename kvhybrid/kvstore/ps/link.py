@@ -181,7 +181,8 @@ class ServerLink:
         #: per thread: the watchdog of a thread doing deferred work (``deferred``)
         self._thread = threading.local()
         #: held around the calls into MXNet's store that may come from two threads at once
-        #: (deferred rows on the communication thread, ``RoundTrips`` on the caller's): the
+        #: (deferred rows on the communication thread, ``RoundTrips`` on the caller's; a
+        #: group's deferred dense sums come with no caller's call beside them, fenced): the
         #: store keeps its per-key buffers in maps that a first push of a key inserts into
         self.kv_lock = threading.Lock()
 
@@ -226,7 +227,8 @@ class ServerLink:
         if not self._deferred or getattr(self._thread, "watchdog", None) is not None:
             return
         with self._watchdog.waiting_behind("the communication thread to hand this group's "
-                                           "rows to the parameter servers", hint=_servers_hint):
+                                           "rows or sums to the parameter servers",
+                                           hint=_servers_hint):
             with self._deferred_done:
                 while self._deferred:
                     self._deferred_done.wait(0.05)

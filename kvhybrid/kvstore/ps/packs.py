@@ -9,7 +9,8 @@ small keys a step grows by 80 kB a step, without bound. A pack sends them as one
 
 The mask says which members a push carries (a call may push a subset); the servers'
 optimizer updates exactly those, each as a view under its own key. Packs are made
-from the keys of a multi-key ``pushpull`` the first time it reaches the servers, only
+from the keys of a multi-key ``pushpull`` the first time it reaches the servers (on the
+engine path, when the call is planned, on the caller's thread), only
 when the servers run kvhybrid's optimizer (with none, they would store the pushed sums,
 zeros and all), and stay below MXNet's big-array bound, so one server holds each.
 """
