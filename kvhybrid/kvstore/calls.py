@@ -147,17 +147,15 @@ class Calls:
         if known is not None:
             agree_later(comm, what, known[1], about)
             return known[0]
-        checked = []
+        built = []
 
-        def signed():
-            checked.append(build())
-            return checked[-1]
+        def kept():   # (the signature too, for the memo)
+            built.append(build())
+            return built[0]
 
-        result = self.check(what, signed, about)
+        result = self.check(what, kept, about)
         if ident is not None:   # (reached only if every rank's call passed)
-            if len(self._checked) >= MEMO_LIMIT:
-                self._checked.clear()
-            self._checked[ident] = (*checked[-1], arrays)   # (held: their handles stay theirs)
+            _remember(self._checked, ident, (*built[0], arrays))   # (held: handles stay theirs)
         return result
 
     def pushpull(self, key, value, out, build: Callable[[], Tuple[Work, str]],
@@ -183,9 +181,7 @@ class Calls:
             return CheckedCall(work, signature, f" of key {key!r}"), signature
 
         call = self.check("pushpull", checked, f" of key {key!r}")
-        if len(self._memo) >= MEMO_LIMIT:  # a loop that makes new arrays every step
-            self._memo.clear()
-        self._memo[ident] = call
+        _remember(self._memo, ident, call)
         return call, True
 
     def checked(self, op: str, key, arrays, build: Callable[[], tuple]) -> tuple:
@@ -200,9 +196,7 @@ class Calls:
             return build()
         if result is None:
             result = build()
-            if len(self._checked) >= MEMO_LIMIT:
-                self._checked.clear()
-            self._checked[ident] = result
+            _remember(self._checked, ident, result)
         return result
 
     def forget(self) -> None:
@@ -212,6 +206,14 @@ class Calls:
 
     def __len__(self) -> int:
         return len(self._memo)
+
+
+def _remember(memo: dict, ident, entry) -> None:
+    """Keep ``entry`` under ``ident``, the memo emptied first where it is full (a loop that
+    makes new arrays every step)."""
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[ident] = entry
 
 
 # -- the ranks' agreement ------------------------------------------------------------------

@@ -72,6 +72,8 @@ class DensePath:
         #: dense pushpulls take the engine path (with several groups the group's sum goes
         #: on to the servers in the same job: ``overlap.AcrossGroups``)
         self.on_engine = engine is not None and not self.round_trips
+        self._across = overlap.AcrossGroups(placement.servers) \
+            if placement.sum_across_groups else None
         self.round_trip_calls = 0   # pushpulls that took that path
         self.shared_grads = overlap.GradientBuffers()
         self._fusion = FusionBuffer()
@@ -120,8 +122,7 @@ class DensePath:
         not ``agreed`` yet is agreed on the communication thread: in its first bucket's
         meeting where the ranks share a host (no collective of its own, which delayed the
         start of a lone pushpull's sum), else in a small allreduce before its buckets."""
-        across = overlap.AcrossGroups(self.placement.servers) \
-            if self.placement.sum_across_groups else None
+        across = self._across
         if call.engine_plan is None:
             call.engine_plan = overlap.plan(call.work, self.slots, self.bucket_bytes,
                                             self.shared_grads)

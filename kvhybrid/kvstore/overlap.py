@@ -88,6 +88,10 @@ class EngineBucket:
         # runs the op, and a pointer taken before that may point to memory it then replaces
         buffer.wait_to_read()
         self.view = host_view(buffer, self.dtype, self.count)
+        #: (key, its sum, where its answer goes) for the servers (``_through_servers``)
+        ends = np.cumsum([it.slot.count for it in items])
+        self.key_views = [(it.key, self.view[end - it.slot.count:end],
+                           self.view[end - it.slot.count:end]) for it, end in zip(items, ends)]
 
 
 class GradientBuffers:
@@ -367,14 +371,9 @@ def _through_servers(bucket: EngineBucket, group: Group, link: Optional[ServerLi
     and pulls the servers' answer into the bucket's buffer (``link``; the other ranks have
     none), then the group gets it."""
     if link is not None:
-        spans, start = [], 0
-        for it in bucket.items:
-            span = bucket.view[start:start + it.slot.count]
-            spans.append((it.key, span, span))
-            start += it.slot.count
         with link.deferred(group.watchdog):
             # (packed at the plan: packing waits for all of MXNet's engine, this job too)
-            link.push_pull_views(spans, new_packs=False)
+            link.push_pull_views(bucket.key_views, new_packs=False)
     broadcast_view(bucket.view, 0, group, name=f"{bucket.name} from the servers", patient=True)
 
 

@@ -268,6 +268,7 @@ def test_a_repeated_pull_of_row_sparse_outs_only_is_still_agreed(tmp_path):
         assert g["at_step"] >= 2, g   # (steps 0 and 1 are the same on both ranks)
     assert got[0]["message"] == got[1]["message"]
 
+
 def test_a_pull_of_every_row_beside_pulls_of_some_rows_gives_each_rank_its_rows(tmp_path):
     """Rank 0 pulls every row, rank 1 some (unsorted, repeated), rank 2 none, in one call:
     before the table's first push and after it, each rank gets the servers' values of the
