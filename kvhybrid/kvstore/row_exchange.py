@@ -31,8 +31,8 @@ from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, hos
                                                     host_view, ids_address, is_host, make_rows,
                                                     new_host_row_sparse, reads_row_ids_in_place,
                                                     row_sparse_ids, rows_made_later)
-from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, local_rows,
-                                       scatter_bytes, sum_rows, take_rows,
+from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, ids_in_table,
+                                       local_rows, scatter_bytes, sum_rows, take_rows,
                                        union_ids, unique_ids)
 from ..tensor_collectives.watchdog import current_step, steps_differ
 from ..tensor_collectives.operators import copy
@@ -442,10 +442,13 @@ class PullCheck:
     when the plain pull was served on the caller's threads, at their next meeting."""
 
     def __init__(self, key: Key, work, signature: Optional[str], error: Optional[str],
-                 covered: bool):
+                 covered: bool, sorted_ids: bool = True):
         #: the pull's checked work (None after a local error, whose text is ``error``)
         self.key, self.work, self.signature, self.error = key, work, signature, error
         self.covered = covered
+        #: whether each out's ids in ``work`` are sorted and unique; else the checked ids as
+        #: they came, which the served pull sorts on the communication thread (``_serve``)
+        self.sorted_ids = sorted_ids
         #: the call's tag: ranks that bring the same one made the same call, so a served
         #: pull needs no agreement of its own
         self.tag = pull_tag(key, signature)
@@ -455,12 +458,25 @@ class PullCheck:
         #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
         self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
         #: per item of ``work``, where a pull this rank needs served has one out and some
-        #: ids per item: (a host row_sparse array of those ids, a view of its rows), which
-        #: the served pull fills (``copy_out``); else None
-        self.targets: Optional[List[Tuple[NDArray, np.ndarray]]] = None
+        #: ids per item: (a host row_sparse array for those ids, a view of its rows, None
+        #: until the served pull gives it its rows: ``make_rows``), which the served pull
+        #: fills (``copy_out``); else None
+        self.targets: Optional[List[Tuple[NDArray, Optional[np.ndarray]]]] = None
         if not covered and error is None and work is not None \
                 and all(len(o) == 1 and len(i[0]) for _, _, o, i in work):
-            self.targets = [new_host_row_sparse(i[0], s.shape, s.dtype) for _, s, _, i in work]
+            if rows_made_later():   # (the job makes their rows: their count is known there)
+                self.targets = [(empty_row_sparse(s.shape, s.dtype), None) for _, s, _, _ in work]
+            else:
+                self._sort_ids()
+                self.targets = [new_host_row_sparse(i[0], s.shape, s.dtype)
+                                for _, s, _, i in self.work]
+
+    def _sort_ids(self) -> None:
+        """Each out's ids in ``work`` sorted and unique, if they came as checked only."""
+        if not self.sorted_ids:
+            self.work = [(k, slot, outs, [unique_ids(i, slot.shape[0]) for i in ids])
+                         for k, slot, outs, ids in self.work]
+            self.sorted_ids = True
 
     def start(self, comm: EngineComm, rows_group: Group, servers: Optional[ServerLink]) -> None:
         """Queue the check and, where some rank needs it, the plain pull on the
@@ -495,8 +511,15 @@ class PullCheck:
         if not self.agreed:
             agree(group, "row_sparse_pull", self.signature, self.error,
                   f" of key {self.key!r}", patient=True)
+        if not self.covered and self.work is not None:
+            self._sort_ids()   # (here, off the caller's thread)
         for n, (k, slot, _, ids) in enumerate(self.work):
-            into = self.targets[n][1] if self.targets is not None else None
+            into = None
+            if self.targets is not None:
+                array, into = self.targets[n]
+                if into is None:   # (this job writes the target: it may give it its rows)
+                    into = make_rows(array, ids[0])
+                    self.targets[n] = (array, into)
             self.rows.append(fetch_rows_from_servers(k, slot, [] if self.covered else ids,
                                                      rows_group, servers, into=into))
 
@@ -518,8 +541,9 @@ class PullCheck:
         """After the served pull's job, on the communication thread: targets it did not
         fill (it failed) hold zeros, not whatever their memory held."""
         if not self.done.is_set():
-            for _, rows in self.targets:
-                rows.fill(0)
+            for _, rows in self.targets:   # (an array given no rows reads as zeros)
+                if rows is not None:
+                    rows.fill(0)
 
     def write_rows(self) -> None:
         """A served pull's rows into its outs (on the caller's thread, once ``done``)."""
@@ -581,11 +605,38 @@ def _unique_ids(row_ids: NDArray, rows: int, key: Key, known=None) -> np.ndarray
     return ids
 
 
+#: id dtypes the C++ helper checks in place
+_IDS_READ_IN_PLACE = tuple(np.dtype(t) for t in (np.int64, np.int32, np.float32, np.float64))
+
+
+def _ids_in_table(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:
+    """``row_ids`` as they came, copied flat as int64 and checked to lie in the table: one
+    pass of the C++ helper over host ids read in place, else numpy, which names a bad id."""
+    dtype = np.dtype(row_ids.dtype)
+    if dtype in _IDS_READ_IN_PLACE and row_ids.stype == "default" and is_host(row_ids):
+        row_ids.wait_to_read()
+        values = host_view(row_ids, dtype, row_ids.size)
+    else:
+        values = row_ids.asnumpy().reshape(-1)
+    ids = ids_in_table(values, rows)
+    if ids is not None:
+        return ids
+    ids = values.astype(np.int64).reshape(-1)
+    if len(ids) and int(ids.view(np.uint64).max()) >= rows:   # (a negative id too)
+        bad = ids.min() if ids.min() < 0 else ids.max()
+        raise KeyValueError(f"row_ids of key {key!r} hold {bad}, outside the table's {rows} "
+                            f"rows: pass ids in [0, {rows})")
+    return ids
+
+
 def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray], row_ids: List[NDArray],
-                    known: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> List[np.ndarray]:
-    """Each out's sorted unique ids; raises KeyValueError on bad arguments. ``known``:
-    (ids, their sorted unique ids), checked already: row_ids equal to those (in their
-    order: the ids of the batch ``prefetch_rows`` was handed) are not sorted again."""
+                    known: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+                    sort: bool = True) -> List[np.ndarray]:
+    """Each out's sorted unique ids (``sort``; else its ids as they came, checked to lie in
+    the table, for a pull served on the communication thread, which sorts them there);
+    raises KeyValueError on bad arguments. ``known``: (ids, their sorted unique ids),
+    checked already: row_ids equal to those (in their order: the ids of the batch
+    ``prefetch_rows`` was handed) are not sorted again."""
     if len(row_ids) != len(outs):
         raise KeyValueError(f"row_sparse_pull of key {key!r} got {len(outs)} out array(s) and "
                             f"{len(row_ids)} row_ids: pass one row_ids array per out array")
@@ -597,6 +648,8 @@ def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray], row_ids: List[
         if not isinstance(r, NDArray):
             raise KeyValueError(f"row_ids of key {key!r} must be NDArrays, got "
                                 f"{type(r).__name__}")
+    if not sort:
+        return [_ids_in_table(r, slot.shape[0], key) for r in row_ids]
     return [_unique_ids(r, slot.shape[0], key, known) for r in row_ids]
 
 

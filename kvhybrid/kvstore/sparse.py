@@ -415,7 +415,8 @@ class SparsePath:
         else:
             self._pull_rows(self._agreed_pull(key, build), one)
 
-    def _checked_pull(self, key, out, row_ids, prefetch: Optional[rx.Prefetch]) -> tuple:
+    def _checked_pull(self, key, out, row_ids, prefetch: Optional[rx.Prefetch],
+                      sort: bool = True) -> tuple:
         """A ``row_sparse_pull``'s local checks: ``([(key, slot, outs, each out's sorted
         unique ids)], signature)``, or KeyValueError. The outs' checks run once per repeated
         call (the memo); ids equal to those ``prefetch`` was handed are not sorted again
@@ -437,7 +438,7 @@ class SparsePath:
         work = []
         for (k, o), slot, ids in zip(outs, slots, ids_per_key):
             ids = [ids] * len(o) if isinstance(ids, mx.nd.NDArray) else list(ids)
-            work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids, known)))
+            work.append((k, slot, o, rx.checked_row_ids(k, slot, o, ids, known, sort)))
         return work, signature
 
     def _checked_outs(self, key, out) -> tuple:
@@ -540,13 +541,18 @@ class SparsePath:
         call of the store, before anything is pushed."""
         self._forget_settled()
         prefetch = self._prefetched[key]
-        if self.engine.group.size > 1 and _asked_for_none(prefetch):
-            self.engine.check()   # (no rows to wait for: the check queues behind the push,
-            #                        whose differing calls raise here or at a later call)
+        alone, unasked = self.engine.group.size == 1, _asked_for_none(prefetch)
+        if unasked and (alone or prefetch.waits_for_nothing):
+            # no rows to wait for: a group's check queues behind the push, whose differing
+            # calls raise here or at a later call; a rank alone raises a failed hand-over
+            # at its next push
+            self.engine.check()
         else:   # the rows first: a push whose calls differed raises here, on every rank,
             self._wait_for_prefetch(prefetch)   # before any meeting (its verdict comes with them)
+        # rows asked for none: no pull is covered, and a group's served pull sorts the ids
+        sort = alone or not unasked
         try:
-            work, signature = build()
+            work, signature = build(sort=sort)
             error, covered = None, all(rx.prefetch_holds(prefetch, ids) for *_, ids in work)
         except KeyValueError as exc:
             work, signature, error, covered = None, None, str(exc), False
@@ -554,7 +560,7 @@ class SparsePath:
             # (a failed call raises as a plain pull's does)
             self._pull_rows(work if error is None else self._agreed_pull(key, build), row_ids)
             return
-        check = rx.PullCheck(key, work, signature, error, covered)
+        check = rx.PullCheck(key, work, signature, error, covered, sorted_ids=sort)
         check.start(self.engine, self.hand_out_group, self.servers)
         self._unsettled.append(check)
         if covered:
@@ -662,11 +668,10 @@ def _ids_of_table(key: Key, ids, rows: int) -> np.ndarray:
 
 def _asked_for_none(prefetch: rx.Prefetch) -> bool:
     """Whether ``prefetch`` is a push's that asked for no rows (a plain Trainer's or
-    Module's step: ``_hands_out_unasked``) and reads its gradient in place, so that a pull
-    need not wait for it (one that reads it through MXNet would wait for the next backward,
-    which waits for it)."""
-    return (prefetch.waits_for_nothing and prefetch.handed is None
-            and prefetch.ids is not None and not len(prefetch.ids))
+    Module's step: ``_hands_out_unasked``). In a group a pull need not wait for it where it
+    reads its gradient in place (``waits_for_nothing``: one that reads it through MXNet
+    would wait for the next backward, which waits for the pull's check behind it)."""
+    return prefetch.handed is None and prefetch.ids is not None and not len(prefetch.ids)
 
 
 def _holds(row_ids: mx.nd.NDArray, ids: np.ndarray) -> bool:
