@@ -38,11 +38,11 @@ log = logging.getLogger("benchmarks")
 
 #: (module, attribute path, label at entry or None, label at exit or None), main thread
 POINTS = [
-    ("kvhybrid.kvstore.sparse", "SparsePath._pull_prefetched", "pull: called", None),
-    ("kvhybrid.kvstore.sparse", "SparsePath._wait_for_prefetch", None, "pull: rows ready"),
+    ("kvhybrid.kvstore.sparse_pull", "RowPulls._pull_prefetched", "pull: called", None),
+    ("kvhybrid.kvstore.sparse_pull", "RowPulls._wait_for_prefetch", None, "pull: rows ready"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.pushpull", "pushpull: called", None),
     ("kvhybrid.kvstore.store", "HybridMPIStore.push", "push: called", "push: returned"),
-    ("kvhybrid.kvstore.sparse", "SparsePath._wait_for_check", None, "push: checks settled"),
+    ("kvhybrid.kvstore.sparse_pull", "RowPulls._wait_for_check", None, "push: checks settled"),
     ("mxnet.gluon", "Trainer.step", None, "step: returned"),
 ]
 #: the communication thread's jobs by the start of their names (EngineComm.enqueue, submit)

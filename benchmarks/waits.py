@@ -16,7 +16,7 @@ tests so that a rank that waits for a slower one leaves the cores to it. Each ro
   ``host_barrier.py``), then ``wait_patiently``: as the store waits where they share one;
 * ``in the barrier``: ``Group.meet_bringing`` alone, no MPI call: where the answer fits in
   the number each rank brings to the meeting (a check of prefetched rows,
-  ``row_exchange.PullCheck``), the bytes are not sent;
+  ``sparse_pull.PullCheck``), the bytes are not sent;
 * ``summed in the barrier``: the sum made in the meeting, no MPI call: each rank leaves its
   bytes in shared memory before it arrives and adds everyone's after
   (``meeting_sum.py``), as the engine path sums a small bucket where its ranks share a

@@ -1,13 +1,14 @@
-"""How rows travel between ranks and the parameter servers (Parallax §3.1): the mechanics
-under the sparse path (``sparse.py`` says where rows live and when each of these runs).
+"""How a push's rows travel between ranks and the parameter servers (Parallax §3.1): the
+mechanics under the sparse path (``sparse.py`` says where rows live and when each of these
+runs; ``sparse_pull.py`` pulls rows).
 
 - ``push_in_group``: rows summed with ``Allgatherv``; every rank applies the same lazy
   update to its own copy;
 - ``push_to_servers``: the master gathers its group's rows, sums them and pushes them once
   (local aggregation); ``push_and_prefetch`` does the same and asks for the next step's
-  rows in the same meeting;
-- ``pull_rows_from_servers`` / ``pull_whole_table``: the master asks the servers for the
-  union of its group's rows (or the whole table) and hands each rank its own.
+  rows in the same meeting, the pull's hint (``Prefetch``);
+- ``pull_whole_table``: the servers' whole table on every rank (a dense weight whose rows
+  live there).
 
 Only the rows touched travel, so traffic scales with α, not with the table.
 """
@@ -21,22 +22,21 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError, explain
 from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm, when_ready
-from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
-                                                    host_view, ids_address, is_host, make_rows,
+from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_view,
+                                                    ids_address, is_host, make_rows,
                                                     new_host_row_sparse, reads_row_ids_in_place,
                                                     row_sparse_ids, rows_made_later)
-from ..tensor_collectives.rows import (allreduce_rows, by_rank, gather_patiently, ids_in_table,
-                                       local_rows, scatter_bytes, sum_rows, take_rows,
-                                       union_ids, unique_ids)
+from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_rows,
+                                       scatter_bytes, sum_rows, take_rows, union_ids,
+                                       unique_ids)
 from ..tensor_collectives.watchdog import current_step, steps_differ
 from ..tensor_collectives.operators import copy
-from .calls import agree, check_pulled_rows, digest, pull_tag
+from .calls import agree, digest
 from .keys import Key, KeySlot
 from .ps.link import ServerLink
 
@@ -426,157 +426,6 @@ def _hand_out_packed(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int]
     return send, sizes
 
 
-class PullCheck:
-    """One pull of prefetched rows, checked in the host barrier's meeting or a small
-    allreduce (``needs_plain_pull``): did every rank find its rows among them, and did
-    every rank pull the same key? The communication thread makes
-    it in its turn (collectives start in one order on every rank), waiting without
-    spinning, and the ranks that had their rows go on at once. If some rank did not (an
-    evaluation batch) or its arguments were bad, the same job serves a plain pull there,
-    on every rank's communication thread: the ranks agree on the call (a bad argument
-    raises on every rank, nothing pushed), the master fetches the rows asked for and hands
-    them out, into arrays this rank made for them (``targets``, which the engine copies
-    into the outs once the job wrote them), or into ``rows`` for the caller's thread to
-    write (a key pulled into several outs). No caller's thread
-    waits for another rank's pull: an NMT step's push waited for the check in most steps
-    when the plain pull was served on the caller's threads, at their next meeting."""
-
-    def __init__(self, key: Key, work, signature: Optional[str], error: Optional[str],
-                 covered: bool, sorted_ids: bool = True):
-        #: the pull's checked work (None after a local error, whose text is ``error``)
-        self.key, self.work, self.signature, self.error = key, work, signature, error
-        self.covered = covered
-        #: whether each out's ids in ``work`` are sorted and unique; else the checked ids as
-        #: they came, which the served pull sorts on the communication thread (``_serve``)
-        self.sorted_ids = sorted_ids
-        #: the call's tag: ranks that bring the same one made the same call, so a served
-        #: pull needs no agreement of its own
-        self.tag = pull_tag(key, signature)
-        #: whether the check found every rank's call the same and none failed (``_serve``)
-        self.agreed = False
-        self.done = Flag()   # the job completed (and served a plain pull if needed)
-        #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
-        self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
-        #: per item of ``work``, where a pull this rank needs served has one out and some
-        #: ids per item: (a host row_sparse array for those ids, a view of its rows, None
-        #: until the served pull gives it its rows: ``make_rows``), which the served pull
-        #: fills (``copy_out``); else None
-        self.targets: Optional[List[Tuple[NDArray, Optional[np.ndarray]]]] = None
-        if not covered and error is None and work is not None \
-                and all(len(o) == 1 and len(i[0]) for _, _, o, i in work):
-            if rows_made_later():   # (the job makes their rows: their count is known there)
-                self.targets = [(empty_row_sparse(s.shape, s.dtype), None) for _, s, _, _ in work]
-            else:
-                self._sort_ids()
-                self.targets = [new_host_row_sparse(i[0], s.shape, s.dtype)
-                                for _, s, _, i in self.work]
-
-    def _sort_ids(self) -> None:
-        """Each out's ids in ``work`` sorted and unique, if they came as checked only."""
-        if not self.sorted_ids:
-            self.work = [(k, slot, outs, [unique_ids(i, slot.shape[0]) for i in ids])
-                         for k, slot, outs, ids in self.work]
-            self.sorted_ids = True
-
-    def start(self, comm: EngineComm, rows_group: Group, servers: Optional[ServerLink]) -> None:
-        """Queue the check and, where some rank needs it, the plain pull on the
-        communication thread: the rows travel over ``rows_group`` (a communicator of that
-        thread), through its master's ``servers``. A covered pull on a group of one rank
-        has its verdict already (its own flags); an uncovered one there takes the plain path
-        on its caller's thread instead (``SparsePath._pull_prefetched``)."""
-        group = comm.group
-        if group.size == 1:
-            self.done.set()
-            return
-
-        def check() -> None:
-            if self.needs_plain_pull(group):
-                with servers.deferred(rows_group.watchdog) if servers is not None \
-                        else contextlib.nullcontext():
-                    self._serve(group, rows_group, servers)
-            self.done.set()
-
-        name = f"the check of the prefetched rows of key {self.key!r}"
-        if self.targets is None:
-            comm.enqueue(name, check)
-            return
-        # an engine operation that writes the targets: copies out of them wait for it
-        comm.submit(name, [a for a, _ in self.targets], check, cleanup=self._zero_unserved)
-
-    def _serve(self, group: Group, rows_group: Group, servers: Optional[ServerLink]) -> None:
-        """The plain pull, on the communication thread: agreement unless the check found the
-        calls the same (raises on every rank if a rank's arguments were bad or the ranks'
-        calls differ), then each key's rows through the master; a covered rank asks for
-        none."""
-        if not self.agreed:
-            agree(group, "row_sparse_pull", self.signature, self.error,
-                  f" of key {self.key!r}", patient=True)
-        if not self.covered and self.work is not None:
-            self._sort_ids()   # (here, off the caller's thread)
-        for n, (k, slot, _, ids) in enumerate(self.work):
-            into = None
-            if self.targets is not None:
-                array, into = self.targets[n]
-                if into is None:   # (this job writes the target: it may give it its rows)
-                    into = make_rows(array, ids[0])
-                    self.targets[n] = (array, into)
-            self.rows.append(fetch_rows_from_servers(k, slot, [] if self.covered else ids,
-                                                     rows_group, servers, into=into))
-
-    def needs_plain_pull(self, group: Group) -> bool:
-        """Whether some rank of ``group`` needs the plain pull (``calls.check_pulled_rows``),
-        noting whether the ranks' calls were the same and none failed (``agreed``)."""
-        needs, self.agreed = check_pulled_rows(group, self.key, self.tag, self.covered,
-                                               self.error, self.signature)
-        return needs
-
-    def copy_out(self) -> None:
-        """Engine copies of the targets into the outs: each waits for the served pull that
-        fills its target (``start``), the caller's thread for nothing. A pull whose calls
-        differed leaves zeros there, and every rank raises at its next store call."""
-        for (array, _), (_, _, outs, _) in zip(self.targets, self.work):
-            copy(array, outs[0])
-
-    def _zero_unserved(self) -> None:
-        """After the served pull's job, on the communication thread: targets it did not
-        fill (it failed) hold zeros, not whatever their memory held."""
-        if not self.done.is_set():
-            for _, rows in self.targets:   # (an array given no rows reads as zeros)
-                if rows is not None:
-                    rows.fill(0)
-
-    def write_rows(self) -> None:
-        """A served pull's rows into its outs (on the caller's thread, once ``done``)."""
-        for (_, slot, outs, ids), (mine, rows) in zip(self.work, self.rows):
-            write_rows(slot, outs, ids, mine, rows)
-
-
-def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],
-                       slot: KeySlot) -> None:
-    """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which
-    the prefetch must hold: ``prefetch_holds``)."""
-    for o, i in zip(outs, ids):
-        if _same_ids(i, prefetch.ids):
-            copy(prefetch.array, o)   # (the engine copies it; nothing writes it again)
-            continue
-        part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
-        host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
-
-
-def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
-    """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
-    if not len(prefetch.ids):   # (a push that asked for no rows: a plain Trainer's)
-        return not any(len(i) for i in ids)
-    return all(_same_ids(i, prefetch.ids)   # (the usual case, and cheaper)
-               or not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
-
-
-def _same_ids(ids: np.ndarray, prefetched: np.ndarray) -> bool:
-    """Whether ``ids`` are the prefetched ids: the very array when the pull's ids were the
-    ones handed over (``checked_row_ids`` returns it then), else compared."""
-    return ids is prefetched or np.array_equal(ids, prefetched)
-
-
 # -- pull --------------------------------------------------------------------------------
 def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
                      servers: Optional[ServerLink]) -> None:
@@ -586,173 +435,3 @@ def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
         into[:] = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
                                     slot.dtype).reshape(into.shape)
     broadcast_array(into, 0, group, name=f"key {key!r} from the servers", patient=True)
-
-
-def _unique_ids(row_ids: NDArray, rows: int, key: Key, known=None) -> np.ndarray:
-    """``row_ids``' sorted unique ids, checked to lie in the table (a new array, never a
-    view of ``row_ids``); int64 host ids are read in place, a pull of every row's too."""
-    if np.dtype(row_ids.dtype) == np.int64 and row_ids.stype == "default" and is_host(row_ids):
-        row_ids.wait_to_read()
-        ids = host_view(row_ids, np.int64, row_ids.size)
-    else:
-        ids = row_ids.asnumpy().astype(np.int64).reshape(-1)
-    if known is not None and np.array_equal(ids, known[0]):   # checked when handed over
-        return known[1]
-    ids = unique_ids(ids, rows)   # (in the C++ helper where it runs; numpy's sort else)
-    if len(ids) and (ids[0] < 0 or ids[-1] >= rows):
-        raise KeyValueError(f"row_ids of key {key!r} hold {ids[0] if ids[0] < 0 else ids[-1]}, "
-                            f"outside the table's {rows} rows: pass ids in [0, {rows})")
-    return ids
-
-
-#: id dtypes the C++ helper checks in place
-_IDS_READ_IN_PLACE = tuple(np.dtype(t) for t in (np.int64, np.int32, np.float32, np.float64))
-
-
-def _ids_in_table(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:
-    """``row_ids`` as they came, copied flat as int64 and checked to lie in the table: one
-    pass of the C++ helper over host ids read in place, else numpy, which names a bad id."""
-    dtype = np.dtype(row_ids.dtype)
-    if dtype in _IDS_READ_IN_PLACE and row_ids.stype == "default" and is_host(row_ids):
-        row_ids.wait_to_read()
-        values = host_view(row_ids, dtype, row_ids.size)
-    else:
-        values = row_ids.asnumpy().reshape(-1)
-    ids = ids_in_table(values, rows)
-    if ids is not None:
-        return ids
-    ids = values.astype(np.int64).reshape(-1)
-    if len(ids) and int(ids.view(np.uint64).max()) >= rows:   # (a negative id too)
-        bad = ids.min() if ids.min() < 0 else ids.max()
-        raise KeyValueError(f"row_ids of key {key!r} hold {bad}, outside the table's {rows} "
-                            f"rows: pass ids in [0, {rows})")
-    return ids
-
-
-def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray], row_ids: List[NDArray],
-                    known: Optional[Tuple[np.ndarray, np.ndarray]] = None,
-                    sort: bool = True) -> List[np.ndarray]:
-    """Each out's sorted unique ids (``sort``; else its ids as they came, checked to lie in
-    the table, for a pull served on the communication thread, which sorts them there);
-    raises KeyValueError on bad arguments. ``known``: (ids, their sorted unique ids),
-    checked already: row_ids equal to those (in their order: the ids of the batch
-    ``prefetch_rows`` was handed) are not sorted again."""
-    if len(row_ids) != len(outs):
-        raise KeyValueError(f"row_sparse_pull of key {key!r} got {len(outs)} out array(s) and "
-                            f"{len(row_ids)} row_ids: pass one row_ids array per out array")
-    for o in outs:
-        if o.stype != "row_sparse":
-            raise KeyValueError(f"out of row_sparse_pull of key {key!r} is {o.stype}: pass "
-                                "row_sparse arrays (or use pull for dense ones)")
-    for r in row_ids:
-        if not isinstance(r, NDArray):
-            raise KeyValueError(f"row_ids of key {key!r} must be NDArrays, got "
-                                f"{type(r).__name__}")
-    if not sort:
-        return [_ids_in_table(r, slot.shape[0], key) for r in row_ids]
-    return [_unique_ids(r, slot.shape[0], key, known) for r in row_ids]
-
-
-def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -> None:
-    """Rows of the local copy (every rank holds the same one)."""
-    for o, i in zip(outs, ids):
-        if len(i):
-            rows = mx.nd.take(slot.value, mx.nd.array(i, ctx=slot.value.context, dtype="int64"))
-        else:  # MXNet's operators reject empty arrays
-            rows = np.zeros((0,) + slot.shape[1:], slot.dtype)
-        mx.nd.sparse.row_sparse_array((rows, i), shape=slot.shape, ctx=o.context,
-                                      dtype=slot.dtype).copyto(o)
-
-
-def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: List[np.ndarray], group: Group,
-                            servers: Optional[ServerLink],
-                            into: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """(this rank's sorted unique ids, their rows): the master pulls the union of the
-    group's ids once and hands each rank its rows (``ids``: each out's, none for a rank
-    that only takes part; ``into``: where this rank's rows go, else a new array). A rank
-    that wants every row (an eval's or a checkpoint's pull) sends a marker, not the table's
-    length of ids."""
-    mine = (ids[0] if len(ids) == 1 else np.unique(np.concatenate(ids))) if ids \
-        else np.zeros(0, np.int64)   # (one out's ids are sorted and unique already)
-    rows = slot.shape[0]
-    sent = _EVERY_ROW if len(mine) == rows else mine   # (sorted unique ids in [0, rows))
-    gathered = gather_patiently([sent], group, root=0, name=f"the row ids of key {key!r}")
-    packed = None
-    if group.rank == 0:
-        (whole, counts), = gathered
-        packed = _rows_for_each_rank(key, slot, whole, counts.astype(np.int64), servers)
-    got = into if into is not None else np.empty((len(mine),) + slot.shape[1:], slot.dtype)
-    scatter_bytes(packed, got, group, name=f"the rows of key {key!r}")
-    return mine, got
-
-
-#: what a rank that wants every row of a table sends in place of its ids
-_EVERY_ROW = np.array([-1], np.int64)
-_EVERY_ROW.flags.writeable = False
-
-
-def _rows_for_each_rank(key: Key, slot: KeySlot, whole: np.ndarray, counts: np.ndarray,
-                        servers: Optional[ServerLink]) -> Tuple[np.ndarray, np.ndarray]:
-    """The master's part of ``fetch_rows_from_servers``: the union of the ranks' ids (each
-    rank's ``counts[r]`` of ``whole``, sorted unique, or the marker of every row) pulled
-    once, each rank's rows cut from it straight into the send buffer, packed for
-    ``scatter_bytes``."""
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    every = np.array([n == 1 and whole[at] == -1 for at, n in zip(starts.tolist(),
-                                                                  counts.tolist())], bool)
-    some = ~every
-    if every.any():   # (the others' ids apart from the markers; the union is every row)
-        part = np.concatenate([ids for ids, e in zip(by_rank(whole, counts), every) if not e]
-                              + [np.zeros(0, np.int64)])
-        union = np.arange(slot.shape[0], dtype=np.int64)
-    else:
-        part, union = whole, union_ids(whole, counts)
-    table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
-             else np.zeros((0,) + slot.shape[1:], slot.dtype))
-    table = np.ascontiguousarray(table)
-    row_bytes = slot.dtype.itemsize * math.prod(slot.shape[1:])
-    sizes = np.where(every, slot.shape[0], counts).astype(np.int64) * row_bytes
-    offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-    send = np.empty(int(sizes.sum()), np.uint8)
-    if some.any():
-        take_rows(union, table, part, counts[some], send, offsets[some])
-    for at in offsets[every].tolist():   # (every row: the table as it came)
-        send[at:at + table.nbytes] = table.reshape(-1).view(np.uint8)
-    return send, sizes
-
-
-#: row ids MXNet's pull takes as a user hands them: int64 as documented, float32 as Gluon
-#: hands a batch's ids to ``dist_sync`` (others go as the checked int64 ids)
-_IDS_AS_HANDED = (np.dtype(np.int64), np.dtype(np.float32))
-
-
-def pull_rows_alone(key: Key, out: NDArray, ids: np.ndarray, row_ids: Optional[NDArray],
-                    servers: ServerLink, group: Group) -> None:
-    """A plain pull of a client group of one rank (``SparsePath._pull_rows``): the rows
-    ``ids`` (sorted unique, checked) into ``out`` through MXNet's engine, as ``dist_sync``
-    pulls them, with nothing waiting on any thread of ours; the group's watchdog times the
-    servers' answer. ``row_ids``: the call's array of those ids, if it had one, handed to
-    MXNet as it came (its engine sorts them, as for ``dist_sync``)."""
-    if not len(ids):   # (MXNet's pull rejects no ids: an out with no rows)
-        new_host_row_sparse(ids, out.shape, out.dtype)[0].copyto(out)
-        return
-    as_handed = row_ids is not None and np.dtype(row_ids.dtype) in _IDS_AS_HANDED
-    servers.pull_rows_in_engine(key, row_ids if as_handed else host_array(ids, np.int64), out)
-    done = group.watchdog.watch(lambda: f"the parameter servers' rows of key {key!r}",
-                                outward=True)
-    when_ready(f"rows of key {key!r}", [out], done)
-
-
-def write_rows(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray], mine: np.ndarray,
-               rows: np.ndarray) -> None:
-    """``fetch_rows_from_servers``'s rows into the outs (``ids``: each out's)."""
-    for o, i in zip(outs, ids):
-        part = rows if i is mine else rows[np.searchsorted(mine, i)]
-        host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
-
-
-def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
-                           group: Group, servers: Optional[ServerLink]) -> None:
-    """The master pulls the union of the group's ids once and hands each rank its rows."""
-    mine, rows = fetch_rows_from_servers(key, slot, ids, group, servers)
-    write_rows(slot, outs, ids, mine, rows)

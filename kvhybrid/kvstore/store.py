@@ -10,8 +10,9 @@ right after the sum: the copies stay identical without a server.
 
 The parts, each in its own module: ``placement.py`` (who sums where), ``calls.py`` (each
 call's checks, the ranks' agreement, the memo), ``dense.py`` (dense sums), ``sparse.py``
-(row_sparse keys; ``row_exchange.py`` moves the rows), ``modes.py`` (how groups meet;
-``kvhybrid/elastic/mode.py``: elastic) and ``stats.py`` (the step clock, the tuner's file).
+(row_sparse pushes; ``row_exchange.py`` moves their rows), ``sparse_pull.py`` (their pulls),
+``modes.py`` (how groups meet; ``kvhybrid/elastic/mode.py``: elastic) and ``stats.py`` (the
+step clock, the tuner's file).
 
 The class derives from MXNet's native ``KVStore`` (holding a handle to an unused native
 ``local`` store) only because ``gluon.Trainer`` accepts nothing else for sparse gradients
@@ -47,6 +48,7 @@ from .placement import Placement
 from .ps.link import ServerLink
 from .registry import ASYNC_NAME, NAME
 from .sparse import SparsePath
+from .sparse_pull import RowPulls
 from .stats import StepClock, write_stats
 
 log = logging.getLogger("kvhybrid")
@@ -120,11 +122,12 @@ class HybridMPIStore(mx.kv.KVStore):
         self._engine = start_engine(self.config, self.mode, self.placement)
         self.calls = Calls(self.group, lambda: self.placement.servers_in_step(self.dense.on_engine))
         self.dense = DensePath(self.config, self.mode, self.placement, self._slots, self._engine)
+        self.pulls = RowPulls(self.placement, self._slots, self.calls, self._engine)
         self.sparse = SparsePath(self.config, self.mode, self.placement, self._slots,
-                                 self.dense, self.calls, self._engine)
+                                 self.dense, self.calls, self._engine, self.pulls)
         # a meeting on the caller's thread comes after the prefetched pulls' checks and the
         # plain pulls they serve on the communication thread
-        self.calls.before_meeting = self.sparse.settle_pulls
+        self.calls.before_meeting = self.pulls.settle
         self.clock = StepClock()
         # held until closed: a dropped store still serves its pending pulls at exit
         atexit.register(self.close)
@@ -327,7 +330,7 @@ class HybridMPIStore(mx.kv.KVStore):
             return
         self._pull_dense(key, out)   # (its checks, agreed: every rank raises a bad call)
         if not ignore_sparse:
-            self.sparse.pull_every_row(key, out)
+            self.pulls.pull_every_row(key, out)
 
     def _pull_dense(self, key, out) -> None:
         """``pull``'s dense outs (row_sparse ones skipped)."""
@@ -371,19 +374,16 @@ class HybridMPIStore(mx.kv.KVStore):
         row_ids array per out, or one for all). With servers this is a call every rank of
         the group makes: the master fetches the union of the group's rows once."""
         self._open()
-        self.sparse.row_sparse_pull(key, out, row_ids)
+        self.pulls.pull(key, out, row_ids)
 
     def prefetch_rows(self, key, row_ids) -> None:
         """Hand over the row ids the next forward pass will pull of ``key`` (the next batch's
         word ids, on every rank): the next push of the key sends them along, and its rows
         come back from the servers while the step goes on, so that the next
-        ``row_sparse_pull`` of ``key`` takes them without meeting the other ranks (whether
-        every rank had its rows is checked on the communication thread) and waits for no
-        round trip. Values are those of the plain pull: the rows are asked for after that
-        push. A pull of other rows (an evaluation batch) gets a plain pull, served on the
-        communication threads once every rank has made its pull (``PullCheck``).
-        Only sparse weights on the servers take it (their pulls go through the master); for
-        any other key (a table held by every rank, a dense weight, a key not initialised yet,
+        ``row_sparse_pull`` of ``key`` takes them without meeting the other ranks or waiting
+        for a round trip (``sparse_pull.py``). Values are those of the plain pull: the rows
+        are asked for after that push. Only sparse weights on the servers take it; for any
+        other key (a table held by every rank, a dense weight, a key not initialised yet,
         which Gluon does at the first step) and a store without the engine path it does
         nothing."""
         self._open()
@@ -501,7 +501,7 @@ class HybridMPIStore(mx.kv.KVStore):
 
     def forget_prefetched(self) -> None:
         """Drop rows fetched ahead (their values are about to be replaced)."""
-        self.sparse.forget_prefetched()
+        self.pulls.forget()
 
     # -- what it did ---------------------------------------------------------------------------
     def share_gradient_buffer(self, base: mx.nd.NDArray, views: List[mx.nd.NDArray]) -> None:
@@ -515,7 +515,7 @@ class HybridMPIStore(mx.kv.KVStore):
         """Collectives this rank has entered so far: on the group (agreements, rows,
         broadcasts: the meetings on the caller's thread) and engine buckets."""
         groups = {self.group, self.row_group}
-        engine = {self._engine.group, self.sparse.hand_out_group} if self._engine else set()
+        engine = {self._engine.group, self.pulls.hand_out_group} if self._engine else set()
         return {"group": sum(g.watchdog.collectives for g in groups),
                 "engine": sum(g.watchdog.collectives for g in engine)}
 
@@ -535,7 +535,7 @@ class HybridMPIStore(mx.kv.KVStore):
     def barrier(self) -> None:
         """Wait until every rank of every client group has reached this point (and, with
         servers, until this group's pushes have been answered by them)."""
-        self.sparse.settle_pulls()
+        self.pulls.settle()
         with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
             self.group.comm.Barrier()
         if self.placement.sum_across_groups or self.row_group is not self.group:
@@ -552,7 +552,7 @@ class HybridMPIStore(mx.kv.KVStore):
             return
         atexit.unregister(self.close)
         try:   # a rank may be waiting for this one to serve it a pull
-            self.sparse.settle_pulls()
+            self.pulls.settle()
         except KVHybridError as exc:
             log.warning("kvhybrid: closing with a pull unserved: %s", exc)
         self._closed = True
@@ -580,6 +580,7 @@ class HybridMPIStore(mx.kv.KVStore):
                 self._engine.group.close()
             self.dense.close()
             self.sparse.close()
+            self.pulls.close()
         finally:   # (the groups' boards say this rank has left: its peers stop waiting)
             placement.close()
             self._slots.clear()

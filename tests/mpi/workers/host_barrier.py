@@ -21,7 +21,7 @@ import numpy as np
 
 from kvhybrid.errors import KeyValueError
 from kvhybrid.kvstore.calls import PULL_CHECK, agree_in_meeting
-from kvhybrid.kvstore.row_exchange import PullCheck
+from kvhybrid.kvstore.sparse_pull import PullCheck
 from kvhybrid.tensor_collectives import meeting_sum
 from kvhybrid.tensor_collectives.group import Group, GroupSettings
 from kvhybrid.tensor_collectives.ops import allreduce_patiently, broadcast_view

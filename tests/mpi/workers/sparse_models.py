@@ -150,11 +150,11 @@ def small_table_store():
 def full_path_pulls(kv) -> list:
     """The keys of ``kv``'s pulls that take the full checks (``_pull_prefetched``, which waits
     for the rows), appended as they come."""
-    keys, full = [], kv.sparse._pull_prefetched
+    keys, full = [], kv.pulls._pull_prefetched
 
     def counted(key, *args):
         keys.append(key)
         return full(key, *args)
 
-    kv.sparse._pull_prefetched = counted
+    kv.pulls._pull_prefetched = counted
     return keys

@@ -1,0 +1,645 @@
+"""The pull of a row_sparse key's rows: ``row_sparse_pull`` (Gluon's before each forward
+pass, Module's after each update), and a ``pull`` of every row for eval and checkpoints.
+
+One path for every client: the call's checks (once per repeated call: ``Calls.checked``),
+its ids, then the rows from where they live:
+
+- **in the group** (every rank holds the table): its own copy (``pull_rows_local``);
+- **on the servers**: through the row group's master, who pulls the union of the group's
+  ids once and hands each rank its rows (``fetch_rows_from_servers``). A push of the key
+  leaves a *hint* (``row_exchange.Prefetch``): the rows ``kvhybrid.prefetch`` asked for,
+  on their way, or none. A pull that the hint covers takes those rows and goes on; any
+  other has the communication thread serve it (``PullCheck``), so no caller's thread
+  waits for another rank's pull. Before a key's first push there is no hint: the pull is
+  agreed and served on the caller's thread (``_agreed_pull``, ``_pull_rows``).
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import math
+from typing import Deque, Dict, List, Optional, Tuple
+
+import numpy as np
+import mxnet as mx
+from mxnet.ndarray import NDArray
+
+from ..errors import KeyValueError, KVHybridError
+from ..tensor_collectives import Group
+from ..tensor_collectives.engine import EngineComm, when_ready
+from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, empty_row_sparse, host_array,
+                                                    host_row_sparse, host_view, ids_equal,
+                                                    is_host, make_rows, new_host_row_sparse,
+                                                    rows_made_later)
+from ..tensor_collectives.operators import copy
+from ..tensor_collectives.rows import (by_rank, gather_patiently, ids_in_table, scatter_bytes,
+                                       take_rows, union_ids, unique_ids)
+from .calls import Calls, agree, check_pulled_rows, keys_text, pull_tag
+from .keys import Key, KeySlot, check_pull_out, is_key, lookup, pairs
+from .placement import Placement
+from .ps.link import ServerLink
+from .row_exchange import Flag, Prefetch
+
+
+class RowPulls:
+    """The row_sparse pulls of one store (see the module docstring), and the hints its
+    pushes leave for them (``hints``)."""
+
+    def __init__(self, placement: Placement, slots: Dict[Key, KeySlot], calls: Calls,
+                 engine: Optional[EngineComm]):
+        self.placement, self.slots, self.calls, self.engine = placement, slots, calls, engine
+        #: per key, the rows its last push asked for, on their way (``row_exchange.Prefetch``)
+        self.hints: Dict[Key, Prefetch] = {}
+        self._unsettled: Deque[PullCheck] = collections.deque()   # see settle
+        #: per key, (out, slot, signature) of its last covered pull (``_pull_as_before``)
+        self._last_pull: Dict[Key, Optional[tuple]] = {}
+        #: where the communication thread hands rows out (a push's hand-out, a served pull):
+        #: the engine's group, or with host masters a duplicate of this rank's host group
+        #: (its own communicator: the caller's thread meets the host on the other at the
+        #: same time)
+        self.hand_out_group = None
+        if engine is not None:
+            row_group = placement.row_group
+            self.hand_out_group = (engine.group if row_group is placement.group else
+                                   row_group.derived(row_group.comm, f"{row_group.name}-engine"))
+            self.hand_out_group.algorithms.patient = True
+
+    def pull(self, key, out, row_ids) -> None:
+        """Write the rows ``row_ids`` of ``key`` into the row_sparse arrays ``out``. A loop's
+        repeated pull of the ids it handed over replays its last pull's checks
+        (``_pull_as_before``); a pull of a key whose next rows were fetched ahead takes them,
+        or has them served on the communication thread (``_pull_prefetched``); any other
+        pull is agreed, then served by where its rows live (``_pull_rows``)."""
+        prefetch = self.hints.get(key) if is_key(key) else None
+        if prefetch is not None and self._pull_as_before(key, prefetch, out, row_ids):
+            return
+        build = functools.partial(self._checked_pull, key, out, row_ids, prefetch)
+        # (one key's one array of ids: what a pull through MXNet's engine hands it)
+        one = row_ids if isinstance(row_ids, mx.nd.NDArray) else None
+        if prefetch is not None:
+            self._pull_prefetched(key, build, one)
+        else:
+            self._pull_rows(self._agreed_pull(key, build), one)
+
+    def _checked_pull(self, key, out, row_ids, prefetch: Optional[Prefetch],
+                      sort: bool = True) -> tuple:
+        """A ``row_sparse_pull``'s local checks: ``([(key, slot, outs, each out's sorted
+        unique ids)], signature)``, or KeyValueError. The outs' checks run once per repeated
+        call (the memo); ids equal to those ``prefetch`` was handed are not sorted again
+        (they are known once its rows came: this runs after that)."""
+        known = (prefetch.handed, prefetch.ids) if prefetch is not None \
+            and prefetch.handed is not None and prefetch.ids is not None else None
+        if out is None or row_ids is None:
+            raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
+                                "arrays) and row_ids= (the rows to fetch)")
+        outs, slots, signature = self.calls.checked("row_sparse_pull", key, out,
+                                                    lambda: self._checked_outs(key, out))
+        if isinstance(key, (list, tuple)):
+            if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
+                raise KeyValueError(f"a list of {len(outs)} keys needs a list of "
+                                    f"{len(outs)} row_ids")
+            ids_per_key = list(row_ids)
+        else:
+            ids_per_key = [row_ids]
+        work = []
+        for (k, o), slot, ids in zip(outs, slots, ids_per_key):
+            ids = [ids] * len(o) if isinstance(ids, mx.nd.NDArray) else list(ids)
+            work.append((k, slot, o, checked_row_ids(k, slot, o, ids, known, sort)))
+        return work, signature
+
+    def _checked_outs(self, key, out) -> tuple:
+        """(outs by key, their slots, the call's signature): the same on every call with
+        these outs."""
+        outs = pairs(key, out, "out", sparse_ok=True)
+        slots = []
+        for k, o in outs:
+            slots.append(lookup(self.slots, k))
+            check_pull_out(k, slots[-1], o)
+        return outs, slots, f"row_sparse_pull {keys_text(outs)}"
+
+    def _pull_as_before(self, key, prefetch: Prefetch, out, row_ids) -> bool:
+        """A training loop's pull, in a few calls: the ids ``prefetch_rows`` was handed, in
+        their order, into the one out that passed ``_pull_prefetched``'s checks at this
+        key's last pull. Returns False, having done nothing, for any other pull (the full
+        path checks it): the full path's checks every pull cost the caller's thread more
+        than ``dist_sync``'s pull (``benchmarks.caller_cpu``).
+
+        It waits for nothing: the rows' engine copy waits in MXNet's engine for the
+        operation that writes them (``Prefetch.array``), as ``dist_sync``'s pull does.
+        Waiting here for the hand-out held a loop that never calls ``waitall`` at every
+        forward pass, where ``dist_sync``'s pull waits for nothing. If the
+        hand-out fails, the rows read as zeros and every rank raises at its next call."""
+        last = self._last_pull.get(key)
+        if isinstance(out, (list, tuple)):
+            out = out[0] if len(out) == 1 else None
+        if isinstance(row_ids, (list, tuple)):
+            row_ids = row_ids[0] if len(row_ids) == 1 else None
+        if (last is None or out is not last[0] or self.slots.get(key) is not last[1]
+                or prefetch.handed is None or not isinstance(row_ids, mx.nd.NDArray)):
+            return False
+        if prefetch.error is not None:   # (a pure-PS hand-over failed: the full path raises it)
+            return False
+        self.engine.check()   # (the hand-out failed already: raise that, not copy zeros)
+        # the rows to the out (the engine copies them; nothing writes them again) if the
+        # ids are those handed: in one call of the C++ helper where it can
+        copied = copy_if_ids_equal(row_ids, prefetch.handed, prefetch.handed_at,
+                                   prefetch.array, out)
+        if copied is None:   # (the helper could not: compare, then copy, apart)
+            copied = _holds(row_ids, prefetch.handed)
+            if copied:
+                copy(prefetch.array, out)
+        if not copied:
+            return False
+        slot, signature = last[1], last[2]
+        self._forget_settled()
+        check = PullCheck(key, [(key, slot, [out], [prefetch.ids])], signature, None, True)
+        check.start(self.engine, self.hand_out_group, self.placement.servers)
+        self._unsettled.append(check)
+        return True
+
+    def pull_every_row(self, key, out) -> None:
+        """A ``pull``'s row_sparse outs (``ignore_sparse=False``; its dense outs were pulled
+        and the call checked): the whole value, a ``row_sparse_pull`` of every row."""
+        for k, outs in pairs(key, out, "out", sparse_ok=True):
+            rows = [o for o in outs if o.stype == "row_sparse"]
+            if rows:
+                every_row = mx.nd.arange(self.slots[k].shape[0], dtype="int64")
+                self.pull(k, rows, [every_row] * len(rows))
+
+    def _agreed_pull(self, key, build) -> list:
+        """A pull's checked work (``build``: ``_checked_pull``), agreed by the group where
+        its rows come through the master; every rank holding every row has nothing to agree
+        on."""
+        if not self.placement.config.num_servers:
+            try:
+                return build()[0]
+            except KeyValueError as exc:
+                raise KeyValueError(f"row_sparse_pull failed: {exc}") from None
+        return self.calls.check("row_sparse_pull", build, f" of key {key!r}")
+
+    def _pull_rows(self, work, row_ids: Optional[mx.nd.NDArray]) -> None:
+        """A checked and agreed pull, each key by where its rows live: every rank's own copy
+        (``pull_rows_local``), or through the row group's master, who pulls the union of
+        the group's ids once and hands each rank its rows (``pull_rows_from_servers``). A
+        row group of one rank (pure PS) whose table is in one piece on dist_sync servers
+        pulls through MXNet's engine, as ``dist_sync`` does (``pull_rows_alone``), where a
+        communication thread runs (without one the store keeps off MXNet's engine).
+        ``row_ids``: the call's one array of ids, if it had one."""
+        row_group, servers = self.placement.row_group, self.placement.servers
+        for k, slot, outs, ids in work:
+            if not slot.rows_on_servers:
+                pull_rows_local(slot, outs, ids)
+            elif (row_group.size == 1 and len(outs) == 1 and self.engine is not None
+                    and servers is not None and servers.rows_alone(k)):
+                pull_rows_alone(k, outs[0], ids[0], row_ids, servers, row_group)
+            else:
+                pull_rows_from_servers(k, slot, outs, ids, row_group, servers)
+
+    def _pull_prefetched(self, key, build, row_ids: Optional[mx.nd.NDArray]) -> None:
+        """A pull of a key whose next rows were fetched ahead (``prefetch_rows``). If this
+        rank's rows are among them it takes them and goes on, meeting no one: the ranks'
+        communication threads check that every rank had its rows (``PullCheck``). A rank
+        whose rows are not there (an evaluation batch, or a plain Trainer's step, whose
+        push asked for none: ``_hands_out_unasked``) has that job serve it a plain pull,
+        every rank's communication thread taking part as soon as every rank has made its
+        pull: into arrays of its own, which MXNet's engine then copies into the outs, so
+        the caller's thread goes on at once (it waits for the job where a key has several
+        outs). A rank whose arguments are bad raises here, and every other rank at its next
+        call of the store, before anything is pushed."""
+        self._forget_settled()
+        prefetch = self.hints[key]
+        alone, unasked = self.engine.group.size == 1, _asked_for_none(prefetch)
+        if unasked and (alone or prefetch.waits_for_nothing):
+            # no rows to wait for: a group's check queues behind the push, whose differing
+            # calls raise here or at a later call; a rank alone raises a failed hand-over
+            # at its next push
+            self.engine.check()
+        else:   # the rows first: a push whose calls differed raises here, on every rank,
+            self._wait_for_prefetch(prefetch)   # before any meeting (its verdict comes with them)
+        # rows asked for none: no pull is covered, and a group's served pull sorts the ids
+        sort = alone or not unasked
+        try:
+            work, signature = build(sort=sort)
+            error, covered = None, all(prefetch_holds(prefetch, ids) for *_, ids in work)
+        except KeyValueError as exc:
+            work, signature, error, covered = None, None, str(exc), False
+        if not covered and self.engine.group.size == 1:   # no one to check with or to wait for
+            # (a failed call raises as a plain pull's does)
+            self._pull_rows(work if error is None else self._agreed_pull(key, build), row_ids)
+            return
+        check = PullCheck(key, work, signature, error, covered, sorted_ids=sort)
+        check.start(self.engine, self.hand_out_group, self.placement.servers)
+        self._unsettled.append(check)
+        if covered:
+            for k, slot, outs, ids in work:
+                rows_from_prefetch(prefetch, outs, ids, slot)
+            _, slot, outs, _ = work[0]   # (one key: a list of keys is never prefetched)
+            self._last_pull[key] = (outs[0], slot, signature) if len(outs) == 1 else None
+            return
+        if check.targets is not None:   # (the served rows come through the engine)
+            check.copy_out()
+            return
+        self._wait_for_check(check)   # (raises the job's error: a bad argument somewhere)
+        check.write_rows()
+
+    def settle(self) -> None:
+        """Wait for the checks of the prefetched pulls made so far (``_pull_prefetched``),
+        and the plain pulls they served: before a meeting on the caller's thread, so that
+        whatever it sends the servers comes after them. Raises the error of a check that
+        failed (a rank's bad argument)."""
+        while self._unsettled:
+            self._wait_for_check(self._unsettled[0])
+            self._unsettled.popleft()
+
+    def _wait_for_check(self, check: PullCheck) -> None:
+        """Until the check's job is done (it may serve a plain pull)."""
+        if check.done.is_set():   # (the usual case: made while the step went on)
+            return
+        with self.placement.group.watchdog.waiting_behind(
+                lambda: f"the communication thread's check of the prefetched rows of key "
+                        f"{check.key!r} (and the plain pull it serves)"):
+            while not check.done.wait(0.05):
+                self.engine.check()   # its thread failed: the check will not be made
+
+    def _forget_settled(self) -> None:
+        """Drop the checks made already (a loop of prefetched pulls that never meets)."""
+        while self._unsettled and self._unsettled[0].done.is_set():
+            self._unsettled.popleft()
+
+    def _wait_for_prefetch(self, prefetch: Prefetch) -> None:
+        if prefetch.ready.is_set() and prefetch.error is None:   # (the usual case)
+            self.engine.check()
+            return
+        with self.placement.group.watchdog.waiting_behind(
+                lambda: f"the prefetched rows of key {prefetch.key!r}"):
+            while not prefetch.ready.wait(0.05):
+                self.engine.check()   # its thread failed: the rows will not come
+        self.engine.check()
+        if prefetch.error is not None:
+            raise KVHybridError(prefetch.error)
+
+    def forget(self) -> None:
+        """Drop rows fetched ahead (their values are about to be replaced)."""
+        self.hints.clear()
+
+
+    def wait_for_hints(self) -> None:
+        """Until every push's hand-out ran (it counts the rows it pushed)."""
+        for hint in list(self.hints.values()):
+            self._wait_for_prefetch(hint)
+
+    def close(self) -> None:
+        """Forget what is pending (after the communication thread stopped)."""
+        if self.hand_out_group is not None and self.hand_out_group is not self.engine.group:
+            self.hand_out_group.close()
+        self._unsettled.clear()
+        self.hints.clear()
+        self._last_pull.clear()
+
+
+def _asked_for_none(prefetch: Prefetch) -> bool:
+    """Whether ``prefetch`` is a push's that asked for no rows (a plain Trainer's or
+    Module's step: ``_hands_out_unasked``). In a group a pull need not wait for it where it
+    reads its gradient in place (``waits_for_nothing``: one that reads it through MXNet
+    would wait for the next backward, which waits for the pull's check behind it)."""
+    return prefetch.handed is None and prefetch.ids is not None and not len(prefetch.ids)
+
+
+def _holds(row_ids: mx.nd.NDArray, ids: np.ndarray) -> bool:
+    """Whether ``row_ids`` hold ``ids``, in their order (``checked_row_ids`` would find
+    them equal; ids that are not whole numbers are left to it): read in place where the C++
+    helper can."""
+    same = ids_equal(row_ids, ids)
+    if same is not None:
+        return same
+    values = row_ids.asnumpy().reshape(-1)
+    return values.shape == ids.shape and bool((values == ids).all())
+
+
+class PullCheck:
+    """One pull of a key with a hint, checked in the host barrier's meeting or a small
+    allreduce (``needs_plain_pull``): did every rank find its rows in its hint, and did
+    every rank pull the same key? The communication thread makes it in its turn
+    (collectives start in one order on every rank), waiting without spinning, and the
+    ranks that had their rows go on at once. If some rank did not (an evaluation batch, a
+    push that asked for no rows) or its arguments were bad, the same job serves a plain
+    pull there, on every rank's communication thread: the ranks agree on the call (a bad
+    argument raises on every rank, nothing pushed), the master fetches the rows asked for
+    and hands them out, into arrays this rank made for them (``targets``, which the engine
+    copies into the outs once the job wrote them), or into ``rows`` for the caller's
+    thread to write (a key pulled into several outs). No caller's thread waits for
+    another rank's pull."""
+
+    def __init__(self, key: Key, work, signature: Optional[str], error: Optional[str],
+                 covered: bool, sorted_ids: bool = True):
+        #: the pull's checked work (None after a local error, whose text is ``error``)
+        self.key, self.work, self.signature, self.error = key, work, signature, error
+        self.covered = covered
+        #: whether each out's ids in ``work`` are sorted and unique; else the checked ids as
+        #: they came, which the served pull sorts on the communication thread (``_serve``)
+        self.sorted_ids = sorted_ids
+        #: the call's tag: ranks that bring the same one made the same call, so a served
+        #: pull needs no agreement of its own
+        self.tag = pull_tag(key, signature)
+        #: whether the check found every rank's call the same and none failed (``_serve``)
+        self.agreed = False
+        self.done = Flag()   # the job completed (and served a plain pull if needed)
+        #: per item of ``work``: (this rank's sorted unique ids, their rows) of a served pull
+        self.rows: List[Tuple[np.ndarray, np.ndarray]] = []
+        #: per item of ``work``, where a pull this rank needs served has one out and some
+        #: ids per item: (a host row_sparse array for those ids, a view of its rows, None
+        #: until the served pull gives it its rows: ``make_rows``), which the served pull
+        #: fills (``copy_out``); else None
+        self.targets: Optional[List[Tuple[NDArray, Optional[np.ndarray]]]] = None
+        if not covered and error is None and work is not None \
+                and all(len(o) == 1 and len(i[0]) for _, _, o, i in work):
+            if rows_made_later():   # (the job makes their rows: their count is known there)
+                self.targets = [(empty_row_sparse(s.shape, s.dtype), None) for _, s, _, _ in work]
+            else:
+                self._sort_ids()
+                self.targets = [new_host_row_sparse(i[0], s.shape, s.dtype)
+                                for _, s, _, i in self.work]
+
+    def _sort_ids(self) -> None:
+        """Each out's ids in ``work`` sorted and unique, if they came as checked only."""
+        if not self.sorted_ids:
+            self.work = [(k, slot, outs, [unique_ids(i, slot.shape[0]) for i in ids])
+                         for k, slot, outs, ids in self.work]
+            self.sorted_ids = True
+
+    def start(self, comm: EngineComm, rows_group: Group, servers: Optional[ServerLink]) -> None:
+        """Queue the check and, where some rank needs it, the plain pull on the
+        communication thread: the rows travel over ``rows_group`` (a communicator of that
+        thread), through its master's ``servers``. A covered pull on a group of one rank
+        has its verdict already (its own flags); an uncovered one there takes the plain path
+        on its caller's thread instead (``RowPulls._pull_prefetched``)."""
+        group = comm.group
+        if group.size == 1:
+            self.done.set()
+            return
+
+        def check() -> None:
+            if self.needs_plain_pull(group):
+                with servers.deferred(rows_group.watchdog) if servers is not None \
+                        else contextlib.nullcontext():
+                    self._serve(group, rows_group, servers)
+            self.done.set()
+
+        name = f"the check of the prefetched rows of key {self.key!r}"
+        if self.targets is None:
+            comm.enqueue(name, check)
+            return
+        # an engine operation that writes the targets: copies out of them wait for it
+        comm.submit(name, [a for a, _ in self.targets], check, cleanup=self._zero_unserved)
+
+    def _serve(self, group: Group, rows_group: Group, servers: Optional[ServerLink]) -> None:
+        """The plain pull, on the communication thread: agreement unless the check found the
+        calls the same (raises on every rank if a rank's arguments were bad or the ranks'
+        calls differ), then each key's rows through the master; a covered rank asks for
+        none."""
+        if not self.agreed:
+            agree(group, "row_sparse_pull", self.signature, self.error,
+                  f" of key {self.key!r}", patient=True)
+        if not self.covered and self.work is not None:
+            self._sort_ids()   # (here, off the caller's thread)
+        for n, (k, slot, _, ids) in enumerate(self.work):
+            into = None
+            if self.targets is not None:
+                array, into = self.targets[n]
+                if into is None:   # (this job writes the target: it may give it its rows)
+                    into = make_rows(array, ids[0])
+                    self.targets[n] = (array, into)
+            self.rows.append(fetch_rows_from_servers(k, slot, [] if self.covered else ids,
+                                                     rows_group, servers, into=into))
+
+    def needs_plain_pull(self, group: Group) -> bool:
+        """Whether some rank of ``group`` needs the plain pull (``calls.check_pulled_rows``),
+        noting whether the ranks' calls were the same and none failed (``agreed``)."""
+        needs, self.agreed = check_pulled_rows(group, self.key, self.tag, self.covered,
+                                               self.error, self.signature)
+        return needs
+
+    def copy_out(self) -> None:
+        """Engine copies of the targets into the outs: each waits for the served pull that
+        fills its target (``start``), the caller's thread for nothing. A pull whose calls
+        differed leaves zeros there, and every rank raises at its next store call."""
+        for (array, _), (_, _, outs, _) in zip(self.targets, self.work):
+            copy(array, outs[0])
+
+    def _zero_unserved(self) -> None:
+        """After the served pull's job, on the communication thread: targets it did not
+        fill (it failed) hold zeros, not whatever their memory held."""
+        if not self.done.is_set():
+            for _, rows in self.targets:   # (an array given no rows reads as zeros)
+                if rows is not None:
+                    rows.fill(0)
+
+    def write_rows(self) -> None:
+        """A served pull's rows into its outs (on the caller's thread, once ``done``)."""
+        for (_, slot, outs, ids), (mine, rows) in zip(self.work, self.rows):
+            write_rows(slot, outs, ids, mine, rows)
+
+
+def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],
+                       slot: KeySlot) -> None:
+    """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which
+    the prefetch must hold: ``prefetch_holds``)."""
+    for o, i in zip(outs, ids):
+        if _same_ids(i, prefetch.ids):
+            copy(prefetch.array, o)   # (the engine copies it; nothing writes it again)
+            continue
+        part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
+        host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
+
+
+def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
+    """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
+    if not len(prefetch.ids):   # (a push that asked for no rows: a plain Trainer's)
+        return not any(len(i) for i in ids)
+    return all(_same_ids(i, prefetch.ids)   # (the usual case, and cheaper)
+               or not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
+
+
+def _same_ids(ids: np.ndarray, prefetched: np.ndarray) -> bool:
+    """Whether ``ids`` are the prefetched ids: the very array when the pull's ids were the
+    ones handed over (``checked_row_ids`` returns it then), else compared."""
+    return ids is prefetched or np.array_equal(ids, prefetched)
+
+
+def _unique_ids(row_ids: NDArray, rows: int, key: Key, known=None) -> np.ndarray:
+    """``row_ids``' sorted unique ids, checked to lie in the table (a new array, never a
+    view of ``row_ids``); int64 host ids are read in place, a pull of every row's too."""
+    if np.dtype(row_ids.dtype) == np.int64 and row_ids.stype == "default" and is_host(row_ids):
+        row_ids.wait_to_read()
+        ids = host_view(row_ids, np.int64, row_ids.size)
+    else:
+        ids = row_ids.asnumpy().astype(np.int64).reshape(-1)
+    if known is not None and np.array_equal(ids, known[0]):   # checked when handed over
+        return known[1]
+    ids = unique_ids(ids, rows)   # (in the C++ helper where it runs; numpy's sort else)
+    if len(ids) and (ids[0] < 0 or ids[-1] >= rows):
+        raise KeyValueError(f"row_ids of key {key!r} hold {ids[0] if ids[0] < 0 else ids[-1]}, "
+                            f"outside the table's {rows} rows: pass ids in [0, {rows})")
+    return ids
+
+
+#: id dtypes the C++ helper checks in place
+_IDS_READ_IN_PLACE = tuple(np.dtype(t) for t in (np.int64, np.int32, np.float32, np.float64))
+
+
+def _ids_in_table(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:
+    """``row_ids`` as they came, copied flat as int64 and checked to lie in the table, read
+    in place where they are host ids."""
+    dtype = np.dtype(row_ids.dtype)
+    if dtype in _IDS_READ_IN_PLACE and row_ids.stype == "default" and is_host(row_ids):
+        row_ids.wait_to_read()
+        values = host_view(row_ids, dtype, row_ids.size)
+    else:
+        values = row_ids.asnumpy().reshape(-1)
+    return table_ids(values, rows, lambda bad: KeyValueError(
+        f"row_ids of key {key!r} hold {bad}, outside the table's {rows} rows: pass ids in "
+        f"[0, {rows})"))
+
+
+def table_ids(values: np.ndarray, rows: int, error) -> np.ndarray:
+    """``values`` (a batch's row ids, any shape) copied flat as int64, each checked to lie
+    in [0, ``rows``): one pass of the C++ helper where it can, else numpy, which finds the
+    bad id for ``error(id)``, the KeyValueError raised."""
+    got = ids_in_table(values, rows)
+    if got is not None:
+        return got
+    got = np.array(values, dtype=np.int64).reshape(-1)
+    # one pass: a negative id read as unsigned is past any table's rows
+    if len(got) and int(got.view(np.uint64).max()) >= rows:
+        raise error(int(got.min() if got.min() < 0 else got.max()))
+    return got
+
+
+def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray], row_ids: List[NDArray],
+                    known: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+                    sort: bool = True) -> List[np.ndarray]:
+    """Each out's sorted unique ids (``sort``; else its ids as they came, checked to lie in
+    the table, for a pull served on the communication thread, which sorts them there);
+    raises KeyValueError on bad arguments. ``known``: (ids, their sorted unique ids),
+    checked already: row_ids equal to those (in their order: the ids of the batch
+    ``prefetch_rows`` was handed) are not sorted again."""
+    if len(row_ids) != len(outs):
+        raise KeyValueError(f"row_sparse_pull of key {key!r} got {len(outs)} out array(s) and "
+                            f"{len(row_ids)} row_ids: pass one row_ids array per out array")
+    for o in outs:
+        if o.stype != "row_sparse":
+            raise KeyValueError(f"out of row_sparse_pull of key {key!r} is {o.stype}: pass "
+                                "row_sparse arrays (or use pull for dense ones)")
+    for r in row_ids:
+        if not isinstance(r, NDArray):
+            raise KeyValueError(f"row_ids of key {key!r} must be NDArrays, got "
+                                f"{type(r).__name__}")
+    if not sort:
+        return [_ids_in_table(r, slot.shape[0], key) for r in row_ids]
+    return [_unique_ids(r, slot.shape[0], key, known) for r in row_ids]
+
+
+def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -> None:
+    """Rows of the local copy (every rank holds the same one)."""
+    for o, i in zip(outs, ids):
+        if len(i):
+            rows = mx.nd.take(slot.value, mx.nd.array(i, ctx=slot.value.context, dtype="int64"))
+        else:  # MXNet's operators reject empty arrays
+            rows = np.zeros((0,) + slot.shape[1:], slot.dtype)
+        mx.nd.sparse.row_sparse_array((rows, i), shape=slot.shape, ctx=o.context,
+                                      dtype=slot.dtype).copyto(o)
+
+
+def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: List[np.ndarray], group: Group,
+                            servers: Optional[ServerLink],
+                            into: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """(this rank's sorted unique ids, their rows): the master pulls the union of the
+    group's ids once and hands each rank its rows (``ids``: each out's, none for a rank
+    that only takes part; ``into``: where this rank's rows go, else a new array). A rank
+    that wants every row (an eval's or a checkpoint's pull) sends a marker, not the table's
+    length of ids."""
+    mine = (ids[0] if len(ids) == 1 else np.unique(np.concatenate(ids))) if ids \
+        else np.zeros(0, np.int64)   # (one out's ids are sorted and unique already)
+    rows = slot.shape[0]
+    sent = _EVERY_ROW if len(mine) == rows else mine   # (sorted unique ids in [0, rows))
+    gathered = gather_patiently([sent], group, root=0, name=f"the row ids of key {key!r}")
+    packed = None
+    if group.rank == 0:
+        (whole, counts), = gathered
+        packed = _rows_for_each_rank(key, slot, whole, counts.astype(np.int64), servers)
+    got = into if into is not None else np.empty((len(mine),) + slot.shape[1:], slot.dtype)
+    scatter_bytes(packed, got, group, name=f"the rows of key {key!r}")
+    return mine, got
+
+
+#: what a rank that wants every row of a table sends in place of its ids
+_EVERY_ROW = np.array([-1], np.int64)
+_EVERY_ROW.flags.writeable = False
+
+
+def _rows_for_each_rank(key: Key, slot: KeySlot, whole: np.ndarray, counts: np.ndarray,
+                        servers: Optional[ServerLink]) -> Tuple[np.ndarray, np.ndarray]:
+    """The master's part of ``fetch_rows_from_servers``: the union of the ranks' ids (each
+    rank's ``counts[r]`` of ``whole``, sorted unique, or the marker of every row) pulled
+    once, each rank's rows cut from it straight into the send buffer, packed for
+    ``scatter_bytes``."""
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    every = np.array([n == 1 and whole[at] == -1 for at, n in zip(starts.tolist(),
+                                                                  counts.tolist())], bool)
+    some = ~every
+    if every.any():   # (the others' ids apart from the markers; the union is every row)
+        part = np.concatenate([ids for ids, e in zip(by_rank(whole, counts), every) if not e]
+                              + [np.zeros(0, np.int64)])
+        union = np.arange(slot.shape[0], dtype=np.int64)
+    else:
+        part, union = whole, union_ids(whole, counts)
+    table = (servers.pull_rows(key, union, slot.shape, slot.dtype) if len(union)
+             else np.zeros((0,) + slot.shape[1:], slot.dtype))
+    table = np.ascontiguousarray(table)
+    row_bytes = slot.dtype.itemsize * math.prod(slot.shape[1:])
+    sizes = np.where(every, slot.shape[0], counts).astype(np.int64) * row_bytes
+    offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    send = np.empty(int(sizes.sum()), np.uint8)
+    if some.any():
+        take_rows(union, table, part, counts[some], send, offsets[some])
+    for at in offsets[every].tolist():   # (every row: the table as it came)
+        send[at:at + table.nbytes] = table.reshape(-1).view(np.uint8)
+    return send, sizes
+
+
+#: row ids MXNet's pull takes as a user hands them: int64 as documented, float32 as Gluon
+#: hands a batch's ids to ``dist_sync`` (others go as the checked int64 ids)
+_IDS_AS_HANDED = (np.dtype(np.int64), np.dtype(np.float32))
+
+
+def pull_rows_alone(key: Key, out: NDArray, ids: np.ndarray, row_ids: Optional[NDArray],
+                    servers: ServerLink, group: Group) -> None:
+    """A plain pull of a client group of one rank (``RowPulls._pull_rows``): the rows
+    ``ids`` (sorted unique, checked) into ``out`` through MXNet's engine, as ``dist_sync``
+    pulls them, with nothing waiting on any thread of ours; the group's watchdog times the
+    servers' answer. ``row_ids``: the call's array of those ids, if it had one, handed to
+    MXNet as it came (its engine sorts them, as for ``dist_sync``)."""
+    if not len(ids):   # (MXNet's pull rejects no ids: an out with no rows)
+        new_host_row_sparse(ids, out.shape, out.dtype)[0].copyto(out)
+        return
+    as_handed = row_ids is not None and np.dtype(row_ids.dtype) in _IDS_AS_HANDED
+    servers.pull_rows_in_engine(key, row_ids if as_handed else host_array(ids, np.int64), out)
+    done = group.watchdog.watch(lambda: f"the parameter servers' rows of key {key!r}",
+                                outward=True)
+    when_ready(f"rows of key {key!r}", [out], done)
+
+
+def write_rows(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray], mine: np.ndarray,
+               rows: np.ndarray) -> None:
+    """``fetch_rows_from_servers``'s rows into the outs (``ids``: each out's)."""
+    for o, i in zip(outs, ids):
+        part = rows if i is mine else rows[np.searchsorted(mine, i)]
+        host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
+
+
+def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
+                           group: Group, servers: Optional[ServerLink]) -> None:
+    """The master pulls the union of the group's ids once and hands each rank its rows."""
+    mine, rows = fetch_rows_from_servers(key, slot, ids, group, servers)
+    write_rows(slot, outs, ids, mine, rows)
