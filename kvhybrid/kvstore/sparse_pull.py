@@ -178,21 +178,27 @@ class RowPulls:
                 raise KeyValueError(f"row_sparse_pull failed: {exc}") from None
         return self.calls.check("row_sparse_pull", build, f" of key {key!r}")
 
-    def _pull_rows(self, work, row_ids: Optional[mx.nd.NDArray]) -> None:
+    def _pull_rows(self, work, row_ids: Optional[mx.nd.NDArray],
+                   sorted_ids: bool = True) -> None:
         """A checked and agreed pull, each key by where its rows live: every rank's own copy
         (``pull_rows_local``), or through the row group's master, who pulls the union of
         the group's ids once and hands each rank its rows (``pull_rows_from_servers``). A
         row group of one rank (pure PS) whose table is in one piece on dist_sync servers
         pulls through MXNet's engine, as ``dist_sync`` does (``pull_rows_alone``), where a
         communication thread runs (without one the store keeps off MXNet's engine).
-        ``row_ids``: the call's one array of ids, if it had one."""
+        ``row_ids``: the call's one array of ids, if it had one; ``sorted_ids``: whether
+        ``work``'s are sorted and unique (else checked only: MXNet's pull takes them so)."""
         row_group, servers = self.placement.row_group, self.placement.servers
         for k, slot, outs, ids in work:
+            if (slot.rows_on_servers and row_group.size == 1 and len(outs) == 1
+                    and self.engine is not None and servers is not None
+                    and servers.rows_alone(k)):
+                pull_rows_alone(k, outs[0], ids[0], row_ids, servers, row_group)
+                continue
+            if not sorted_ids:
+                ids = [unique_ids(i, slot.shape[0]) for i in ids]
             if not slot.rows_on_servers:
                 pull_rows_local(slot, outs, ids)
-            elif (row_group.size == 1 and len(outs) == 1 and self.engine is not None
-                    and servers is not None and servers.rows_alone(k)):
-                pull_rows_alone(k, outs[0], ids[0], row_ids, servers, row_group)
             else:
                 pull_rows_from_servers(k, slot, outs, ids, row_group, servers)
 
@@ -217,8 +223,9 @@ class RowPulls:
             self.engine.check()
         else:   # the rows first: a push whose calls differed raises here, on every rank,
             self._wait_for_prefetch(prefetch)   # before any meeting (its verdict comes with them)
-        # rows asked for none: no pull is covered, and a group's served pull sorts the ids
-        sort = alone or not unasked
+        # rows asked for none: no pull is covered, so the ids are sorted where they are
+        # served (a group's served pull, MXNet's pull of a rank alone: _pull_rows)
+        sort = not unasked
         try:
             work, signature = build(sort=sort)
             error, covered = None, all(prefetch_holds(prefetch, ids) for *_, ids in work)
@@ -226,7 +233,9 @@ class RowPulls:
             work, signature, error, covered = None, None, str(exc), False
         if not covered and self.engine.group.size == 1:   # no one to check with or to wait for
             # (a failed call raises as a plain pull's does)
-            self._pull_rows(work if error is None else self._agreed_pull(key, build), row_ids)
+            if error is not None:
+                self._agreed_pull(key, build)   # (raises as a plain pull does)
+            self._pull_rows(work, row_ids, sorted_ids=sort)
             return
         check = PullCheck(key, work, signature, error, covered, sorted_ids=sort)
         check.start(self.engine, self.hand_out_group, self.placement.servers)
@@ -616,10 +625,10 @@ _IDS_AS_HANDED = (np.dtype(np.int64), np.dtype(np.float32))
 def pull_rows_alone(key: Key, out: NDArray, ids: np.ndarray, row_ids: Optional[NDArray],
                     servers: ServerLink, group: Group) -> None:
     """A plain pull of a client group of one rank (``RowPulls._pull_rows``): the rows
-    ``ids`` (sorted unique, checked) into ``out`` through MXNet's engine, as ``dist_sync``
-    pulls them, with nothing waiting on any thread of ours; the group's watchdog times the
-    servers' answer. ``row_ids``: the call's array of those ids, if it had one, handed to
-    MXNet as it came (its engine sorts them, as for ``dist_sync``)."""
+    ``ids`` (checked, sorted or as they came) into ``out`` through MXNet's engine, as
+    ``dist_sync`` pulls them, with nothing waiting on any thread of ours; the group's
+    watchdog times the servers' answer. ``row_ids``: the call's array of those ids, if it
+    had one, handed to MXNet as it came (its engine sorts them, as for ``dist_sync``)."""
     if not len(ids):   # (MXNet's pull rejects no ids: an out with no rows)
         new_host_row_sparse(ids, out.shape, out.dtype)[0].copyto(out)
         return
