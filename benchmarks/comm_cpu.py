@@ -77,6 +77,8 @@ TIMED = [
     ("kvhybrid.kvstore.row_exchange", "new_host_row_sparse", "  arrays for the next rows"),
     ("kvhybrid.kvstore.row_exchange", "scatter_bytes", "  the scatter from the master"),
     ("kvhybrid.kvstore.sparse_pull", "scatter_bytes", "  the scatter from the master"),
+    ("kvhybrid.kvstore.sparse_pull", "unique_ids", "  a served pull's ids, sorted"),
+    ("kvhybrid.kvstore.sparse_pull", "make_rows", "  a served pull's rows, their memory"),
     ("kvhybrid.kvstore.sparse_pull", "PullCheck.needs_plain_pull",
      "  the check's meeting or small allreduce"),
     ("kvhybrid.tensor_collectives.ops", "_sleep_until",

@@ -118,7 +118,7 @@ class Calls:
         self.group, self._patient = group, patient
         self._memo: Dict[tuple, CheckedCall] = {}
         self._checked: Dict[tuple, tuple] = {}   # see checked()
-        #: runs before every meeting of the group here (``SparsePath.settle_pulls``)
+        #: runs before every meeting of the group here (``RowPulls.settle``)
         self.before_meeting: Callable[[], None] = lambda: None
 
     def check(self, what: str, build, about: str = ""):
@@ -221,7 +221,7 @@ _MASK = (1 << 62) - 1
 #: What a rank brings to the host barrier's meeting (``Group.meet``, ``meet_agreeing``,
 #: ``meet_bringing``), by kind: 0 for a plain meeting; a call's digest with ``_MEETING`` set
 #: for its agreement (``agree_in_meeting``); a negative number for a check of prefetched
-#: rows (``row_exchange.PullCheck``): ``PULL_CHECK``, ``UNCOVERED`` where this rank needs
+#: rows (``sparse_pull.PullCheck``): ``PULL_CHECK``, ``UNCOVERED`` where this rank needs
 #: the plain pull, ``PULL_ERROR`` where its call failed its checks, and the call's tag
 #: (``TAG`` bits); a sum made in a meeting of its own
 #: brings ``tensor_collectives.meeting_sum.SUM_MEETING`` (bit 61) with its dtype and size. A

@@ -132,7 +132,7 @@ class Prefetch:
         #: the rows as a host row_sparse array, made at the push and written by an engine
         #: operation: a pull of exactly ``ids`` queues an engine copy of it into its out,
         #: which waits in MXNet's engine for that operation, so nothing waits on the
-        #: caller's thread (``SparsePath._pull_as_before``); ``rows``: a view of its rows
+        #: caller's thread (``RowPulls._pull_as_before``); ``rows``: a view of its rows
         #: (None until that operation gave the array its rows, where it does: ``make_rows``)
         self.array, self.rows = array, rows
         self.ready = Flag()
@@ -348,7 +348,8 @@ def push_and_prefetch_alone(pushes: Sequence[PushOfRows], servers: ServerLink,
 def _hand_over(p: PushOfRows, prefetch: Prefetch, out: NDArray, group: Group, done) -> None:
     """``push_and_prefetch_alone``'s rows, once the engine has written them (on an engine
     thread: only reads in place here). A failure is kept for the reader of the rows, who
-    raises it (``SparsePath``), instead of leaving it to wait for rows that never come."""
+    raises it (``RowPulls``, or the next push), instead of leaving it to wait for rows
+    that never come."""
     try:
         _take_rows(p, prefetch, out, group)
     except Exception as exc:   # noqa: B902 (nothing may escape into MXNet's engine thread)

@@ -85,9 +85,10 @@ class RowPulls:
     def _checked_pull(self, key, out, row_ids, prefetch: Optional[Prefetch],
                       sort: bool = True) -> tuple:
         """A ``row_sparse_pull``'s local checks: ``([(key, slot, outs, each out's sorted
-        unique ids)], signature)``, or KeyValueError. The outs' checks run once per repeated
-        call (the memo); ids equal to those ``prefetch`` was handed are not sorted again
-        (they are known once its rows came: this runs after that)."""
+        unique ids)], signature)``, or KeyValueError; with ``sort`` False each out's ids as
+        they came, checked to lie in the table. The outs' checks run once per repeated call
+        (the memo); ids equal to those ``prefetch`` was handed are not sorted again (they
+        are known once its rows came: this runs after that)."""
         known = (prefetch.handed, prefetch.ids) if prefetch is not None \
             and prefetch.handed is not None and prefetch.ids is not None else None
         if out is None or row_ids is None:
@@ -223,8 +224,8 @@ class RowPulls:
             self.engine.check()
         else:   # the rows first: a push whose calls differed raises here, on every rank,
             self._wait_for_prefetch(prefetch)   # before any meeting (its verdict comes with them)
-        # rows asked for none: no pull is covered, so the ids are sorted where they are
-        # served (a group's served pull, MXNet's pull of a rank alone: _pull_rows)
+        # rows asked for none: only a pull of no rows is covered, so the ids are sorted
+        # where they are served (a group's served pull, MXNet's pull of a rank alone)
         sort = not unasked
         try:
             work, signature = build(sort=sort)
@@ -233,8 +234,8 @@ class RowPulls:
             work, signature, error, covered = None, None, str(exc), False
         if not covered and self.engine.group.size == 1:   # no one to check with or to wait for
             # (a failed call raises as a plain pull's does)
-            if error is not None:
-                self._agreed_pull(key, build)   # (raises as a plain pull does)
+            if error is not None:   # (raises as a plain pull does)
+                work, sort = self._agreed_pull(key, build), True
             self._pull_rows(work, row_ids, sorted_ids=sort)
             return
         check = PullCheck(key, work, signature, error, covered, sorted_ids=sort)
@@ -291,7 +292,6 @@ class RowPulls:
     def forget(self) -> None:
         """Drop rows fetched ahead (their values are about to be replaced)."""
         self.hints.clear()
-
 
     def wait_for_hints(self) -> None:
         """Until every push's hand-out ran (it counts the rows it pushed)."""

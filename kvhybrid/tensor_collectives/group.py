@@ -102,7 +102,7 @@ class Group:
     def meet_bringing(self, digest: int) -> Optional[np.ndarray]:
         """``meet``, each rank bringing ``digest`` (a nonzero signed 64-bit number): what
         every rank brought, by rank (the same on every rank), for a verdict that needs more
-        than whether all are equal (``row_exchange.PullCheck``); None at once where the
+        than whether all are equal (``sparse_pull.PullCheck``); None at once where the
         group has no host barrier."""
         if self._barrier is None:
             return None

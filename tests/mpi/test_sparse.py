@@ -286,6 +286,19 @@ def test_a_pull_after_a_push_that_asked_for_no_rows_takes_ids_as_handed_and_name
             assert got["next"] is None and got["last"] == [-5.0, -5.0], got
 
 
+def test_a_pull_through_mxnets_engine_waits_for_a_push_on_the_communication_thread(tmp_path):
+    """A group per worker: a gradient in two arrays goes to the communication thread, which a
+    job holds for a second; the next pull, through MXNet's engine, still reads the rows that
+    push updated (both pushes took rows 0 + rank and 10 + rank of the ones down by 1)."""
+    r = run_launcher(["-n", 2, "--clients", 2, "--servers", 1], "held_push_then_pull.py",
+                     [tmp_path], timeout=120)
+    assert r.returncode == 0, r.output[-3000:]
+    for rank in range(2):
+        got = json.load(open(tmp_path / f"held-rank{rank}.json"))
+        assert got == {"ids": [rank, 10 + rank], "rows": [-1.0, -1.0],
+                       "released_before_the_rows": True}, got
+
+
 def test_a_repeated_pull_of_row_sparse_outs_only_is_still_agreed(tmp_path):
     """The same skipped pull into the same out each step (Module's pull of a row_sparse
     weight after its push) is agreed on the communication thread: where rank 0 makes it once

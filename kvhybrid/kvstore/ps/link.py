@@ -391,11 +391,13 @@ class ServerLink:
                 self._kv.row_sparse_pull(kid, out=out, row_ids=next_ids)
                 self._requests += 1
 
+    @_in_order
     def pull_rows_in_engine(self, key: Key, ids: NDArray, out: NDArray) -> None:
         """Ask for the rows ``ids`` of ``key``'s one piece into the row_sparse array ``out``
         through MXNet's engine, as ``dist_sync``'s ``row_sparse_pull`` does: the rows come
-        after this process's pushes of the key (the engine orders them), and whoever reads
-        ``out`` waits for them there. Nothing waits here."""
+        after this process's pushes of the key (the engine orders those it made; a push
+        handed to the communication thread is waited for first), and whoever reads ``out``
+        waits for them there."""
         with self.kv_lock:
             self._kv.row_sparse_pull(piece_key(self._ids[key], 0), out=out, row_ids=ids)
             self._requests += 1
