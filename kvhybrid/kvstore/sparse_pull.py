@@ -1,5 +1,5 @@
 """The pull of a row_sparse key's rows: ``row_sparse_pull`` (Gluon's before each forward
-pass, Module's after each update), and a ``pull`` of every row for eval and checkpoints.
+pass, Module's in ``prepare``), and a ``pull`` of every row for eval and checkpoints.
 
 One path for every client: the call's checks (once per repeated call: ``Calls.checked``),
 its ids, then the rows from where they live:
@@ -9,9 +9,10 @@ its ids, then the rows from where they live:
   ids once and hands each rank its rows (``fetch_rows_from_servers``). A push of the key
   leaves a *hint* (``row_exchange.Prefetch``): the rows ``kvhybrid.prefetch`` asked for,
   on their way, or none. A pull that the hint covers takes those rows and goes on; any
-  other has the communication thread serve it (``PullCheck``), so no caller's thread
-  waits for another rank's pull. Before a key's first push there is no hint: the pull is
-  agreed and served on the caller's thread (``_agreed_pull``, ``_pull_rows``).
+  other has the communication thread serve it (``PullCheck``; a group of one rank, MXNet's
+  engine), so no caller's thread waits for another rank's pull. Before a key's first push
+  there is no hint: the pull is agreed and served on the caller's thread (``_agreed_pull``,
+  ``_pull_rows``).
 """
 from __future__ import annotations
 
