@@ -77,7 +77,7 @@ class SparsePath:
                  engine: Optional[EngineComm], pulls: RowPulls):
         self.config, self.mode, self.placement, self.slots = config, mode, placement, slots
         self.dense, self.calls, self.engine = dense, calls, engine
-        #: the pulls, which take the rows each push asks for (``pulls.hints``)
+        #: the pulls, which take the rows each push asks for (``RowPulls.leave_hint``)
         self.pulls = pulls
         #: Gluon's key index -> Parameter name (set_optimizer), for KVHYBRID_ROUTES and stats
         self.param_names: Dict[Key, str] = {}
@@ -229,7 +229,7 @@ class SparsePath:
             if slot.route is None:   # (α of this push, counted by _read_rows: never in place)
                 slot.route = self._choose_route(key, slot)
             if slot.route == "dense":  # the whole gradient, summed like a dense key's
-                self.pulls.hints.pop(key, None)
+                self.pulls.take_hint(key)
                 target = slot.grad_buffer() if updater is not None else slot.value
                 self.dense.sum_and_update(key, slot, [a.tostype("default") for a in arrays],
                                           target, updater, compress=False)   # as in MXNet
@@ -239,7 +239,7 @@ class SparsePath:
             if slot.rows_on_servers:   # (a key's first push may ask for rows once routed)
                 to_servers.append((push, hands_out or self.asks_prefetch(key)))
                 continue
-            self.pulls.hints.pop(key, None)   # (this push updates the rows it holds)
+            self.pulls.take_hint(key)   # (this push updates the rows it holds)
             rx.push_in_group(key, slot, arrays, push.ids, self.group, updater)
             self.mode.after_update(key, slot)
         if to_servers:
@@ -279,7 +279,7 @@ class SparsePath:
             if asks:
                 handed.append(p)
                 continue
-            self.pulls.hints.pop(p.key, None)
+            self.pulls.take_hint(p.key)
             self._prefetch_ids.pop(p.key, None)
             rx.push_to_servers(p.key, p.slot, p.arrays, p.ids, self.row_group, self.servers)
         if handed:
@@ -295,7 +295,7 @@ class SparsePath:
         thread)."""
         retired = []   # this step's rows: dropped on the communication thread (see below)
         for p in pushes:
-            retired.append(self.pulls.hints.pop(p.key, None))
+            retired.append(self.pulls.take_hint(p.key))
             p.next_ids, p.handed = self._next_ids(p.key)
         for prefetch in retired:   # (a pull that did not wait for them did not see it)
             if prefetch is not None and prefetch.error is not None:
@@ -309,7 +309,7 @@ class SparsePath:
                                               agree_in=self.engine.group if across else None,
                                               retired=retired)
         for p, prefetch in zip(pushes, prefetches):
-            self.pulls.hints[p.key] = prefetch
+            self.pulls.leave_hint(p.key, prefetch)
 
     def _alone(self, pushes, call) -> bool:
         """Whether a push that prefetches goes through MXNet's engine alone

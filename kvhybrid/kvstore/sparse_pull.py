@@ -290,6 +290,14 @@ class RowPulls:
         if prefetch.error is not None:
             raise KVHybridError(prefetch.error)
 
+    def leave_hint(self, key: Key, hint: Prefetch) -> None:
+        """A push's rows for the next pull of ``key``, on their way."""
+        self.hints[key] = hint
+
+    def take_hint(self, key: Key) -> Optional[Prefetch]:
+        """Drop ``key``'s hint (a push replaces the rows it holds); returns it, if any."""
+        return self.hints.pop(key, None)
+
     def forget(self) -> None:
         """Drop rows fetched ahead (their values are about to be replaced)."""
         self.hints.clear()

@@ -375,6 +375,7 @@ class ServerLink:
         bounds = self._bounds.get(key)
         return self.mode == "dist_sync" and bounds is not None and len(bounds) == 2
 
+    @_in_order
     def push_rows_in_engine(self, key: Key, grad: NDArray, next_ids: Optional[NDArray],
                             out: Optional[NDArray]) -> None:
         """Push the host row_sparse array ``grad`` (this master's sum: it alone pushes for
@@ -382,7 +383,8 @@ class ServerLink:
         host row_sparse array ``out``, through MXNet's engine, as ``dist_sync`` does: the
         push goes once the engine has written ``grad``, and the pull writes the rows once
         the servers have taken every master's push (MXNet pulls into the pushed array,
-        after its push: ``grad`` is overwritten). Nothing waits here."""
+        after its push: ``grad`` is overwritten). Only work handed to the communication
+        thread before it is waited for (``_in_order``)."""
         kid = piece_key(self._ids[key], 0)
         with self.kv_lock:
             self._kv.push(kid, grad)
