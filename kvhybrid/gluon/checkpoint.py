@@ -38,7 +38,7 @@ import mxnet as mx
 from ..errors import KeyValueError, KVHybridError
 from ..kvstore.keys import Key
 from ..kvstore.ps import server as ps_server
-from ..kvstore.row_exchange import pull_whole_table
+from ..kvstore.sparse_pull import pull_whole_table
 
 log = logging.getLogger("kvhybrid")
 

@@ -24,7 +24,6 @@ from ..tensor_collectives.topology import Topology
 from .keys import Key, KeySlot
 from .modes import SyncMode
 from .ps.link import ServerLink, server_link
-from .row_exchange import rows_live_on_servers
 
 
 class Placement:
@@ -147,3 +146,12 @@ class Placement:
         if self.row_group is not self.group:
             self.row_group.close()
         self.group.close()
+
+
+def rows_live_on_servers(slot: KeySlot, num_servers: int, across_groups: bool) -> bool:
+    """Where rows live (``sparse.py``): on the servers for sparse weights whenever there are
+    servers, and for dense weights with sparse gradients when several client groups share
+    them; otherwise in the group."""
+    if num_servers == 0:
+        return False
+    return slot.sparse_weight or across_groups

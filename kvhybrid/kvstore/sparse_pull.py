@@ -7,7 +7,7 @@ its ids, then the rows from where they live:
 - **in the group** (every rank holds the table): its own copy (``pull_rows_local``);
 - **on the servers**: through the row group's master, who pulls the union of the group's
   ids once and hands each rank its rows (``fetch_rows_from_servers``). A push of the key
-  leaves a *hint* (``row_exchange.Prefetch``): the rows ``kvhybrid.prefetch`` asked for,
+  leaves a *hint* (``hints.Prefetch``): the rows ``kvhybrid.prefetch`` asked for,
   on their way, or none. A pull that the hint covers takes those rows and goes on; any
   other has the communication thread serve it (``PullCheck``; a group of one rank, MXNet's
   engine), so no caller's thread waits for another rank's pull. Before a key's first push
@@ -27,7 +27,7 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError, KVHybridError
-from ..tensor_collectives import Group
+from ..tensor_collectives import Group, broadcast_array
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, empty_row_sparse, host_array,
                                                     host_row_sparse, host_view, ids_equal,
@@ -38,9 +38,9 @@ from ..tensor_collectives.rows import (by_rank, gather_patiently, ids_in_table, 
                                        take_rows, union_ids, unique_ids)
 from .calls import Calls, agree, check_pulled_rows, keys_text, pull_tag
 from .keys import Key, KeySlot, check_pull_out, is_key, lookup, pairs
+from .hints import Flag, Prefetch
 from .placement import Placement
 from .ps.link import ServerLink
-from .row_exchange import Flag, Prefetch
 
 
 class RowPulls:
@@ -50,7 +50,7 @@ class RowPulls:
     def __init__(self, placement: Placement, slots: Dict[Key, KeySlot], calls: Calls,
                  engine: Optional[EngineComm]):
         self.placement, self.slots, self.calls, self.engine = placement, slots, calls, engine
-        #: per key, the rows its last push asked for, on their way (``row_exchange.Prefetch``)
+        #: per key, the rows its last push asked for, on their way (``hints.Prefetch``)
         self.hints: Dict[Key, Prefetch] = {}
         self._unsettled: Deque[PullCheck] = collections.deque()   # see settle
         #: per key, (out, slot, signature) of its last covered pull (``_pull_as_before``)
@@ -159,6 +159,11 @@ class RowPulls:
         check.start(self.engine, self.hand_out_group, self.placement.servers)
         self._unsettled.append(check)
         return True
+
+    def pull_table(self, key: Key, slot: KeySlot, into: NDArray) -> None:
+        """The whole table of a key whose rows live on the servers, on every rank (a dense
+        weight's ``pull``, or its first push on the 'dense' route)."""
+        pull_whole_table(key, slot, into, self.placement.row_group, self.placement.servers)
 
     def pull_every_row(self, key, out) -> None:
         """A ``pull``'s row_sparse outs (``ignore_sparse=False``; its dense outs were pulled
@@ -661,3 +666,13 @@ def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: Li
     """The master pulls the union of the group's ids once and hands each rank its rows."""
     mine, rows = fetch_rows_from_servers(key, slot, ids, group, servers)
     write_rows(slot, outs, ids, mine, rows)
+
+
+def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
+                     servers: Optional[ServerLink]) -> None:
+    """The servers' whole table into ``into`` on every rank (``pull`` of a dense weight
+    whose rows live on the servers: Gluon pulls all of it, as with MXNet's own stores)."""
+    if servers is not None:
+        into[:] = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
+                                    slot.dtype).reshape(into.shape)
+    broadcast_array(into, 0, group, name=f"key {key!r} from the servers", patient=True)

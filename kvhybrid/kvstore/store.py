@@ -9,9 +9,9 @@ the Trainer's default) every rank applies the same update to its own copy of the
 right after the sum: the copies stay identical without a server.
 
 The parts, each in its own module: ``placement.py`` (who sums where), ``calls.py`` (each
-call's checks, the ranks' agreement, the memo), ``dense.py`` (dense sums), ``sparse.py``
-(row_sparse pushes; ``row_exchange.py`` moves their rows), ``sparse_pull.py`` (their pulls),
-``modes.py`` (how groups meet; ``kvhybrid/elastic/mode.py``: elastic) and ``stats.py`` (the
+call's checks, the ranks' agreement, the memo), ``dense.py`` (dense sums), ``sparse.py``,
+``sparse_push.py`` and ``sparse_pull.py`` (row_sparse tables and routes, pushes, pulls),
+``modes.py`` (how groups meet; ``kvhybrid/elastic/mode.py``: elastic), ``stats.py`` (the
 step clock, the tuner's file).
 
 The class derives from MXNet's native ``KVStore`` (holding a handle to an unused native
@@ -47,8 +47,9 @@ from .modes import AsyncMode, SyncMode
 from .placement import Placement
 from .ps.link import ServerLink
 from .registry import ASYNC_NAME, NAME
-from .sparse import SparsePath
+from .sparse import RowTables
 from .sparse_pull import RowPulls
+from .sparse_push import RowPushes
 from .stats import StepClock, write_stats
 
 log = logging.getLogger("kvhybrid")
@@ -115,18 +116,17 @@ class HybridMPIStore(mx.kv.KVStore):
         self.placement = Placement(self.config, self.mode, self.NAME)
         self.mode.bind(self.placement)
         self._slots: Slots = Slots()
-        #: the store's own optimizer (MXNet's Trainer reads it as ``_updater``, as it does
-        #: of MXNet's stores, in ``load_states``)
+        #: the store's optimizer (MXNet's Trainer reads stores' ``_updater`` in ``load_states``)
         self._updater: Optional[mx.optimizer.Updater] = None
         self._closed = False
         self._engine = start_engine(self.config, self.mode, self.placement)
         self.calls = Calls(self.group, lambda: self.placement.servers_in_step(self.dense.on_engine))
         self.dense = DensePath(self.config, self.mode, self.placement, self._slots, self._engine)
         self.pulls = RowPulls(self.placement, self._slots, self.calls, self._engine)
-        self.sparse = SparsePath(self.config, self.mode, self.placement, self._slots,
-                                 self.dense, self.calls, self._engine, self.pulls)
-        # a meeting on the caller's thread comes after the prefetched pulls' checks and the
-        # plain pulls they serve on the communication thread
+        self.tables = RowTables(self.placement, self._slots, self.calls, self.pulls)
+        self.pushes = RowPushes(self.placement, self._slots, self.tables, self.dense, self._engine,
+                                self.pulls)
+        # a meeting on the caller's thread comes after the pulls the communication thread serves
         self.calls.before_meeting = self.pulls.settle
         self.clock = StepClock()
         # held until closed: a dropped store still serves its pending pulls at exit
@@ -200,7 +200,7 @@ class HybridMPIStore(mx.kv.KVStore):
                     raise KeyValueError(f"key {k!r} is already initialised: init each key once, "
                                         "or use broadcast() to overwrite its value")
                 if arrays[0].stype == "row_sparse":
-                    self.sparse.check_new_table(k, arrays[0])
+                    self.tables.check_new_table(k, arrays[0])
                     self.dense.check_rows_uncompressed(k, "init of a row_sparse table")
                 else:
                     self.placement.check_new_on_servers(k)
@@ -209,7 +209,7 @@ class HybridMPIStore(mx.kv.KVStore):
 
         for k, arrays in self.calls.check("init", build, f" of key {key!r}"):
             if arrays[0].stype == "row_sparse":
-                self.sparse.init_table(k, arrays[0])
+                self.tables.init_table(k, arrays[0])
             else:
                 self._set_from_root(k, arrays[0])
 
@@ -261,14 +261,14 @@ class HybridMPIStore(mx.kv.KVStore):
     # -- push, pull, pushpull ------------------------------------------------------------------
     def _signed(self, op: str, key, value, out=None):
         """``calls.signed_work`` with this store's keys, and each key's route checked."""
-        work, signature = signed_work(op, key, value, out, self._slots, self.sparse.asks_prefetch)
+        work, signature = signed_work(op, key, value, out, self._slots, self.pushes.asks_prefetch)
         for k, v, _ in work:
             self._check_route(k, self._slots[k], v[0].stype)
         return work, signature
 
     def _check_route(self, key: Key, slot: KeySlot, stype: str) -> None:
         if stype == "row_sparse":
-            self.sparse.check_push(key, slot, self._updater is not None)
+            self.pushes.check_push(key, slot, self._updater is not None)
             return
         self.dense.check_compressible(key, slot.dtype)
         if slot.sparse_weight:
@@ -298,18 +298,18 @@ class HybridMPIStore(mx.kv.KVStore):
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
         self._open()
         self.clock.tick(call_key(key))
-        if self.sparse.agrees_with_rows(key):   # (its agreement travels with its rows)
+        if self.pushes.agrees_with_rows(key):   # (its agreement travels with its rows)
             try:
-                plan = self.calls.checked("push", key, value, lambda: self.sparse.plan_push(
+                plan = self.calls.checked("push", key, value, lambda: self.pushes.plan_push(
                     *self._signed("push", key, value)))
             except KeyValueError as exc:
-                plan = self.sparse.failed_push(key, str(exc))
-            self.sparse.push(plan)
+                plan = self.pushes.failed_push(key, str(exc))
+            self.pushes.push(plan)
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),
                                 f" of key {key!r}")
         rows = [w for w in work if w[1][0].stype == "row_sparse"]   # only the touched rows travel
-        self.sparse.push(self.sparse.plan_push(rows, None), self._updater)
+        self.pushes.push(self.pushes.plan_push(rows, None), self._updater)
         for k, value_k, _ in (w for w in work if w[1][0].stype != "row_sparse"):
             slot = self._slots[k]
             target = slot.grad_buffer() if self._updater is not None else slot.value
@@ -346,7 +346,7 @@ class HybridMPIStore(mx.kv.KVStore):
             slot = self._slots[k]
             into = slot.value if slot.value is not None else out_k[0]
             if slot.rows_on_servers:
-                self.sparse.pull_table(k, slot, into)
+                self.pulls.pull_table(k, slot, into)
             elif self.placement.sum_across_groups:
                 if self.placement.servers is not None:
                     self.placement.servers.pull(k, slot.value)
@@ -387,7 +387,7 @@ class HybridMPIStore(mx.kv.KVStore):
         which Gluon does at the first step) and a store without the engine path it does
         nothing."""
         self._open()
-        self.sparse.prefetch_rows(key, row_ids)
+        self.pushes.prefetch_rows(key, row_ids)
 
     # -- optimizer -----------------------------------------------------------------------------
     def set_optimizer(self, optimizer) -> None:
@@ -401,7 +401,7 @@ class HybridMPIStore(mx.kv.KVStore):
             return None, f"set_optimizer({_optimizer_text(optimizer)})"
 
         self.calls.check("set_optimizer", build)
-        self.sparse.param_names = {i: p.name
+        self.tables.param_names = {i: p.name
                                    for i, p in getattr(optimizer, "param_dict", {}).items()}
         self._updater = mx.optimizer.get_updater(optimizer)
         if self.config.num_servers:  # the servers update the keys whose values they hold
@@ -528,8 +528,8 @@ class HybridMPIStore(mx.kv.KVStore):
         return self.clock.step_seconds()
 
     def key_stats(self) -> Dict[Key, Dict[str, object]]:
-        """Per row_sparse key pushed so far: rows, pushes, α and route (``SparsePath``)."""
-        return self.sparse.key_stats()
+        """Per row_sparse key pushed so far: rows, pushes, α and route (``RowTables``)."""
+        return self.tables.key_stats()
 
     # -- barrier and lifetime ------------------------------------------------------------------
     def barrier(self) -> None:
@@ -579,7 +579,7 @@ class HybridMPIStore(mx.kv.KVStore):
                 self._engine.close()
                 self._engine.group.close()
             self.dense.close()
-            self.sparse.close()
+            self.pushes.close()
             self.pulls.close()
         finally:   # (the groups' boards say this rank has left: its peers stop waiting)
             placement.close()

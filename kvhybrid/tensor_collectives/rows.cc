@@ -1,4 +1,4 @@
-// The row exchange's arithmetic on row ids and rows (rows.py, kvstore/row_exchange.py), made
+// The row exchange's arithmetic on row ids and rows (rows.py, kvstore/sparse_push.py), made
 // in one pass instead of numpy's sorts and per-rank Python loops. What the row group master
 // gathers is each rank's rows under its sorted unique row ids (one row_sparse gradient per
 // rank), so the ranks' ids merge in one walk: the union of the next ids, the sum of the

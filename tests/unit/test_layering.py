@@ -75,7 +75,7 @@ def test_the_stores_differ_only_by_their_mode():
                                    for d in f.decorator_list)]
             assert methods == [], f"{cls.name} overrides {methods}"
     for part in ("store.py", "placement.py", "calls.py", "dense.py", "sparse.py",
-                 "row_exchange.py", "sparse_pull.py"):
+                 "sparse_push.py", "sparse_pull.py", "hints.py"):
         text = (PACKAGE / "kvstore" / part).read_text()
         assert '"dist_sync"' not in text and '"dist_async"' not in text, part
 

@@ -6,7 +6,8 @@ import types
 import numpy as np
 import mxnet as mx
 
-from kvhybrid.kvstore import row_exchange as rx
+from kvhybrid.kvstore import sparse_push as rx
+from kvhybrid.kvstore.hints import Prefetch
 
 
 def test_a_failed_hand_over_sets_ready_with_an_error_naming_the_key():
@@ -14,7 +15,7 @@ def test_a_failed_hand_over_sets_ready_with_an_error_naming_the_key():
     # a dense gradient where a row_sparse one belongs: its ids cannot be read in place
     push = rx.PushOfRows("emb", slot, [mx.nd.zeros((10, 2))], None, np.array([1, 3]))
     out = mx.nd.zeros((10, 2))
-    prefetch = rx.Prefetch("emb", None, None, out)
+    prefetch = Prefetch("emb", None, None, out)
     group = types.SimpleNamespace(bytes_sent=collections.Counter())
     ended = []
     rx._hand_over(push, prefetch, out, group, lambda: ended.append(True))

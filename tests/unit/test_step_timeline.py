@@ -19,8 +19,8 @@ def test_every_wrapped_point_exists(module, path, enter, leave):
 
 @pytest.mark.parametrize("start,label", JOBS)
 def test_every_job_label_names_a_job_the_store_queues(start, label):
-    from kvhybrid.kvstore import calls, overlap, row_exchange, sparse_pull
-    sources = "".join(inspect.getsource(m) for m in (calls, overlap, row_exchange, sparse_pull))
+    from kvhybrid.kvstore import calls, overlap, sparse_pull, sparse_push
+    sources = "".join(inspect.getsource(m) for m in (calls, overlap, sparse_pull, sparse_push))
     assert f'f"{start}' in sources or f'"{start}' in sources, start
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvhybrid.errors import KeyValueError
-from kvhybrid.kvstore.sparse import _ids_of_table as ids_of_table
+from kvhybrid.kvstore.sparse_push import _ids_of_table as ids_of_table
 from kvhybrid.tensor_collectives import rows as rows_module
 from kvhybrid.tensor_collectives.rows import (ids_in_table, sum_rows, take_rows, union_ids,
                                               unique_ids)
@@ -166,7 +166,7 @@ def test_ids_in_table_are_numpys_cast_of_the_batch(dtype):
 
 @pytest.mark.parametrize("batch", [[3, -1], [3, 10], [np.nan, 1.0], [np.inf, 1.0], [-1.0, 2.0]])
 def test_ids_outside_the_table_are_left_to_numpy(batch):
-    # (numpy then names the bad id: SparsePath.prefetch_rows)
+    # (numpy then names the bad id: RowPushes.prefetch_rows)
     assert ids_in_table(np.array(batch), 10) is None
 
 

@@ -15,7 +15,7 @@ import mxnet as mx
 
 sys.path.insert(0, os.path.dirname(__file__))
 import kvhybrid  # noqa: E402
-from kvhybrid.kvstore import row_exchange  # noqa: E402
+from kvhybrid.kvstore import sparse_push  # noqa: E402
 from sparse_models import (local_weights, make_sparse_net, make_trainer,  # noqa: E402
                            sparse_train_steps, trained_weights)
 
@@ -34,7 +34,7 @@ meetings = []   # the collectives so far, after each step (kv.collectives())
 # the pushes of rows that prefetch, so far: each is one gather of its keys' rows (on the
 # communication thread), counted as the caller makes them
 pushes_of_rows = []
-push_and_prefetch = row_exchange.push_and_prefetch
+push_and_prefetch = sparse_push.push_and_prefetch
 
 
 def counted_push_and_prefetch(*args, **kwargs):
@@ -42,7 +42,7 @@ def counted_push_and_prefetch(*args, **kwargs):
     return push_and_prefetch(*args, **kwargs)
 
 
-row_exchange.push_and_prefetch = counted_push_and_prefetch
+sparse_push.push_and_prefetch = counted_push_and_prefetch
 trainer, step_arg = make_trainer(net, kind, kv, ndev * per_device,
                                  fused=os.environ.get("KVHYBRID_TEST_FUSED") == "1")
 sparse_train_steps(net, trainer, step_arg, steps, per_device, ctxs,

@@ -1,14 +1,16 @@
-"""How a push's rows travel between ranks and the parameter servers (Parallax §3.1): the
-mechanics under the sparse path (``sparse.py`` says where rows live and when each of these
-runs; ``sparse_pull.py`` pulls rows).
+"""The push of a row_sparse key's gradients (Parallax §3.1), every key by its route, chosen at
+its first push (``sparse.py``):
 
-- ``push_in_group``: rows summed with ``Allgatherv``; every rank applies the same lazy
-  update to its own copy;
-- ``push_to_servers``: the master gathers its group's rows, sums them and pushes them once
-  (local aggregation); ``push_and_prefetch`` does the same and asks for the next step's
-  rows in the same meeting, the pull's hint (``Prefetch``);
-- ``pull_whole_table``: the servers' whole table on every rank (a dense weight whose rows
-  live there).
+- **dense**: the whole gradient summed as a dense key's (``DensePath.sum_and_update``);
+- **rows** (in the group): rows summed with ``Allgatherv``; every rank applies the same
+  lazy update to its own copy (``push_in_group``);
+- **servers**: the row group's master gathers the group's rows, sums them and pushes the
+  sum once (local aggregation). Where the communication thread runs, the push also asks
+  for the next step's rows in the same meeting and leaves them as the next pull's hint
+  (``hints.Prefetch``): the ids ``kvhybrid.prefetch`` handed over, or none
+  (``push_and_prefetch``; a group of one rank: MXNet's engine, ``push_and_prefetch_alone``).
+  Without that thread, or for a dense weight whose pull is of its whole table, it goes
+  from the caller's thread (``push_to_servers``).
 
 Only the rows touched travel, so traffic scales with α, not with the table.
 """
@@ -17,39 +19,280 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import threading
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import mxnet as mx
 from mxnet.ndarray import NDArray
 
-from ..errors import KeyValueError, explain
-from ..tensor_collectives import Group, broadcast_array
+from ..errors import KeyValueError, KVHybridError, explain
+from ..tensor_collectives import Group
 from ..tensor_collectives.engine import EngineComm, when_ready
-from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_view,
-                                                    ids_address, is_host, make_rows,
-                                                    new_host_row_sparse, reads_row_ids_in_place,
-                                                    row_sparse_ids, rows_made_later)
-from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_rows,
+from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_view, is_host,
+                                                    make_rows, new_host_row_sparse,
+                                                    reads_row_ids_in_place, row_sparse_ids,
+                                                    rows_made_later)
+from ..tensor_collectives.operators import copy
+from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_ids, local_rows,
                                        scatter_bytes, sum_rows, take_rows, union_ids,
                                        unique_ids)
 from ..tensor_collectives.watchdog import current_step, steps_differ
-from ..tensor_collectives.operators import copy
 from .calls import agree, digest
-from .keys import Key, KeySlot
+from .dense import DensePath
+from .hints import Prefetch
+from .keys import Key, KeySlot, is_key
+from .placement import Placement
 from .ps.link import ServerLink
+from .sparse import RowTables
+from .sparse_pull import RowPulls, table_ids
 
 
-def rows_live_on_servers(slot: KeySlot, num_servers: int, across_groups: bool) -> bool:
-    """Where rows live (``sparse.py``): on the servers for sparse weights whenever there are
-    servers, and for dense weights with sparse gradients when several client groups share
-    them; otherwise in the group."""
-    if num_servers == 0:
-        return False
-    return slot.sparse_weight or across_groups
+@dataclass
+class SparsePush:
+    """A push call's row_sparse keys, as ``RowPushes.push`` takes them: ``(key, arrays)``
+    each (arrays None where this rank's call failed its checks), whether each key's row ids
+    can be read in place, and the call the ranks agree on in the rows' gather (``(local
+    error, signature)``), or None where they agreed already."""
+    items: List[Tuple[Key, Optional[list]]]
+    in_place: List[bool]
+    call: Optional[Tuple[Optional[str], Optional[str]]]
 
 
+@dataclass
+class PushOfRows:
+    """One key of a ``push_and_prefetch``: its gradient's arrays (None after a local error)
+    and their row ids (None: read in place by the hand-out, which also counts them for α),
+    and the ids the next step will pull (sorted unique, None where the hand-out works them
+    out; and as handed to ``prefetch_rows``, when they came in one array)."""
+    key: Key
+    slot: KeySlot
+    arrays: Optional[Sequence[NDArray]]
+    ids: Optional[np.ndarray]
+    next_ids: Optional[np.ndarray]
+    handed: Optional[np.ndarray] = None
+
+
+class RowPushes:
+    """The row_sparse pushes of one store (see the module docstring), and the ids
+    ``prefetch_rows`` hands over for the next push to ask for."""
+
+    def __init__(self, placement: Placement, slots: Dict[Key, KeySlot], tables: RowTables,
+                 dense: DensePath, engine: Optional[EngineComm], pulls: RowPulls):
+        self.placement, self.mode, self.slots = placement, placement.mode, slots
+        self.tables = tables
+        self.dense, self.engine = dense, engine
+        #: the pulls, which take the rows each push asks for (``RowPulls.leave_hint``)
+        self.pulls = pulls
+        #: asked for, sent with the next push: (sorted unique ids, or None where the
+        #: communication thread works them out; the ids as handed over, if in one array)
+        self._prefetch_ids: Dict[Key, Tuple[np.ndarray, Optional[np.ndarray]]] = {}
+
+    def check_push(self, key: Key, slot: KeySlot, has_updater: bool) -> None:
+        """Refuses a push of row_sparse gradients that cannot work (KeyValueError)."""
+        to_servers = slot.rows_on_servers or self.placement.rows_on_servers(slot)
+        if to_servers:
+            self.dense.check_rows_uncompressed(key, "push of row_sparse gradients")
+        if to_servers and not has_updater:
+            raise KeyValueError(
+                f"push of row_sparse gradients of key {key!r} to the parameter servers "
+                "needs an optimizer there (without one they overwrite rows instead of "
+                "summing them): call set_optimizer first, as gluon.Trainer does with "
+                "update_on_kvstore=True")
+
+    def asks_prefetch(self, key: Key) -> bool:
+        """Whether the next push of ``key`` carries the next step's row ids."""
+        return key in self._prefetch_ids or self._hands_out_unasked(key)
+
+    def _hands_out_unasked(self, key: Key) -> bool:
+        """Whether a push of ``key`` that no ``prefetch_rows`` preceded still takes the
+        prefetching push's hand-out, asking for no rows: a table on the servers whose route
+        is known, with a communication thread. A plain ``gluon.Trainer`` step then pushes
+        as a prefetching one does (its caller's thread hands the rows over and goes on,
+        instead of meeting the group), and the next pull is served on the communication
+        thread (``RowPulls._pull_prefetched``). Every rank answers the same: a table's route is
+        decided at its first push, on every rank."""
+        slot = self.slots.get(key) if is_key(key) else None
+        return (self.engine is not None and slot is not None and slot.sparse_weight
+                and slot.rows_on_servers and slot.route == "servers")
+
+    def _next_ids(self, key: Key) -> Tuple[Optional[np.ndarray], Optional[np.ndarray]]:
+        """(next ids, ids as handed) a push of ``key`` carries: those ``prefetch_rows`` was
+        handed, else none (``_hands_out_unasked``)."""
+        return self._prefetch_ids.pop(key, None) or (np.zeros(0, np.int64), None)
+
+    def _hands_out(self, key: Key, slot: KeySlot) -> bool:
+        """Whether a push of ``key`` goes to the servers in the communication thread's
+        hand-out, which asks for the next step's rows: its route is known, its rows live on
+        the servers, and it asks for them (``asks_prefetch``)."""
+        return slot.route == "servers" and slot.rows_on_servers and self.asks_prefetch(key)
+
+    def agrees_with_rows(self, key) -> bool:
+        """Whether a push of ``key`` (one key or a list) is agreed in the hand-out's gather,
+        with its rows, instead of on the caller's thread first: every key's push is handed
+        out (``_hands_out``), none twice. The master compares the ranks' calls before it
+        pushes anything; calls that differ reach every rank through the communication
+        thread, and every rank raises at a later store call. With host masters a host's
+        master sees its host's calls only: the group agrees on the communication thread
+        first, in the same job (``push_and_prefetch``'s ``agree_in``), where on the
+        caller's thread a step across hosts waited for the other host."""
+        keys = list(key) if isinstance(key, (list, tuple)) else [key]
+        return bool(keys) and all(is_key(k) and k in self.slots
+                                  and self._hands_out(k, self.slots[k]) for k in keys) \
+            and len(set(keys)) == len(keys)   # (the checked path names a repeated key)
+
+    def plan_push(self, work, signature: Optional[str]) -> SparsePush:
+        """A push call's row_sparse keys, as ``push`` takes them (``work``: its checked
+        ``(key, arrays, _)``; ``signature``: the call's, where the ranks are to agree on it
+        in the rows' gather, else None: agreed already). The memo keeps it for a repeated
+        call (``Calls.checked``): whether each key's row ids are read in place is asked of
+        MXNet once."""
+        items = [(k, arrays) for k, arrays, _ in work]
+        return SparsePush(items, [len(a) == 1 and reads_row_ids_in_place(a[0])
+                                  for _, a in items],
+                          None if signature is None else (None, signature))
+
+    def failed_push(self, key, error: str) -> SparsePush:
+        """The push of a rank whose call failed its local checks, where the ranks agree in
+        the rows' gather (``agrees_with_rows``): its keys with no rows, and the error, which
+        every rank raises once the master compared the calls. Nothing is pushed."""
+        keys = list(key) if isinstance(key, (list, tuple)) else [key]
+        return SparsePush([(k, None) for k in keys], [False] * len(keys),
+                          (error, None))
+
+    def push(self, plan: SparsePush, updater=None) -> None:
+        """A push of row_sparse gradients, each key by its route (the module docstring):
+        'dense' and 'rows' key by key, 'servers' every such key of the call in one go
+        (``_push_to_servers``)."""
+        to_servers = []
+        for (key, arrays), in_place in zip(plan.items, plan.in_place):
+            slot = self.slots[key]
+            if arrays is None:   # (this rank's call failed: the gather carries its error)
+                to_servers.append((PushOfRows(key, slot, None, None, None), True))
+                continue
+            # (a call agreed with its rows hands every key out: agrees_with_rows asked)
+            hands_out = plan.call is not None or self._hands_out(key, slot)
+            push = self._read_rows(key, slot, arrays, hands_out and in_place)
+            route = self._route(key, slot)
+            if route == "dense":   # the whole gradient, summed like a dense key's
+                self.pulls.take_hint(key)
+                target = slot.grad_buffer() if updater is not None else slot.value
+                self.dense.sum_and_update(key, slot, [a.tostype("default") for a in arrays],
+                                          target, updater, compress=False)   # as in MXNet
+            elif route == "rows":
+                self.pulls.take_hint(key)   # (this push updates the rows it holds)
+                push_in_group(key, slot, arrays, push.ids, self.placement.group, updater)
+                self.mode.after_update(key, slot)
+            else:   # (a key's first push may ask for rows once routed)
+                to_servers.append((push, hands_out or self.asks_prefetch(key)))
+        if to_servers:
+            self._push_to_servers(to_servers, plan.call)
+
+    def _route(self, key: Key, slot: KeySlot) -> str:
+        """``key``'s route, chosen at its first push (α of that push, counted by
+        ``_read_rows``: never in place); a dense weight's rows move to the servers at its
+        first row_sparse gradient with several client groups."""
+        if slot.route is None:
+            slot.route = self.tables.choose_route(key, slot)
+        if slot.route == "servers" and not slot.rows_on_servers:
+            self.tables.move_rows_to_servers(key, slot)
+        return slot.route
+
+    def _read_rows(self, key: Key, slot: KeySlot, arrays, in_place: bool) -> PushOfRows:
+        """This rank's push of ``key``: its gradient's row ids, read once here (for α and
+        for the push), or, ``in_place``, left to the hand-out, which reads the ids of one
+        host array where it lies once backward wrote them, so that the caller's thread
+        waits for nothing (``push_and_prefetch``)."""
+        if in_place:
+            return PushOfRows(key, slot, arrays, None, None)
+        ids = local_ids(arrays)
+        count_rows(slot, ids, len(arrays))
+        return PushOfRows(key, slot, arrays, ids, None)
+
+    def _push_to_servers(self, pushes, call) -> None:
+        """The servers route: each key's rows through its row group's master, who sums them
+        and pushes the sum once (local aggregation). ``pushes``: (push, whether it asks for
+        the next step's rows: ``asks_prefetch``). Those that ask go in one hand-out of the
+        communication thread (``_push_and_prefetch``), with the ranks' agreement where
+        ``call`` is not None; the others (no communication thread, or a dense weight, whose
+        pull is of the whole table) go from the caller's thread, the call agreed already."""
+        handed, placement = [], self.placement
+        for p, asks in pushes:
+            if asks:
+                handed.append(p)
+                continue
+            self.pulls.take_hint(p.key)
+            self._prefetch_ids.pop(p.key, None)
+            push_to_servers(p.key, p.slot, p.arrays, p.ids, placement.row_group, placement.servers)
+        if handed:
+            self._push_and_prefetch(handed, call or (None, "agreed"), agreed=call is None)
+        for p, _ in pushes:
+            self.mode.after_update(p.key, p.slot)
+
+    def _push_and_prefetch(self, pushes, call, agreed: bool = False) -> None:
+        """``push_and_prefetch`` of ``pushes``, each with the next ids its key was handed;
+        their rows, on their way, replace the ones fetched for this step. ``agreed``: the
+        group agreed on the call already (else the hand-out's gather carries the agreement,
+        and with host masters an agreement of the group comes first on the communication
+        thread)."""
+        retired = []   # this step's rows: dropped on the communication thread (see below)
+        for p in pushes:
+            retired.append(self.pulls.take_hint(p.key))
+            p.next_ids, p.handed = self._next_ids(p.key)
+        for prefetch in retired:   # (a pull that did not wait for them did not see it)
+            if prefetch is not None and prefetch.error is not None:
+                raise KVHybridError(prefetch.error)
+        row_group, servers = self.placement.row_group, self.placement.servers
+        across = not agreed and row_group is not self.placement.group
+        if not across and self._alone(pushes, call):
+            prefetches = push_and_prefetch_alone(pushes, servers, row_group)
+        else:
+            prefetches = push_and_prefetch(pushes, row_group, servers, self.engine,
+                                           self.pulls.hand_out_group, call,
+                                           agree_in=self.engine.group if across else None,
+                                           retired=retired)
+        for p, prefetch in zip(pushes, prefetches):
+            self.pulls.leave_hint(p.key, prefetch)
+
+    def _alone(self, pushes, call) -> bool:
+        """Whether a push that prefetches goes through MXNet's engine alone
+        (``push_and_prefetch_alone``): a row group of one rank, its local checks passed,
+        each key's table in one piece on dist_sync servers and its gradient one host
+        array."""
+        servers = self.placement.servers
+        return (self.placement.row_group.size == 1 and call[0] is None and servers is not None
+                and all(p.arrays is not None and len(p.arrays) == 1 and is_host(p.arrays[0])
+                        and servers.rows_alone(p.key) for p in pushes))
+
+    def prefetch_rows(self, key, row_ids) -> None:
+        """Hand over the row ids the next forward pass will pull of ``key`` (see
+        ``HybridMPIStore.prefetch_rows``); does nothing where prefetching cannot run."""
+        slot = self.slots.get(key)
+        if not (slot is not None and slot.sparse_weight and slot.rows_on_servers
+                and self.engine is not None):
+            return
+        arrays = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids]
+        parts = [_ids_of_table(key, ids, slot.shape[0]) for ids in arrays]   # (copies: theirs)
+        # one array's sorted unique ids are worked out by the communication thread
+        self._prefetch_ids[key] = (None, parts[0]) if len(parts) == 1 else \
+            (np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64), None)
+
+    def close(self) -> None:
+        """Forget what is pending (after the communication thread stopped)."""
+        self._prefetch_ids.clear()
+
+
+def _ids_of_table(key: Key, ids, rows: int) -> np.ndarray:
+    """``prefetch_rows``'s ids of one array (an NDArray, numpy or a list), copied flat as
+    int64, each checked to lie in [0, ``rows``)."""
+    values = ids.asnumpy() if isinstance(ids, mx.nd.NDArray) else np.asarray(ids)
+    return table_ids(values, rows, lambda bad: KeyValueError(
+        f"prefetch_rows of key {key!r} got row id {bad}, outside the table's {rows} rows: "
+        f"pass ids in [0, {rows})"))
+
+
+
+# -- the routes' work ------------------------------------------------------------------------
 def count_rows(slot: KeySlot, ids: np.ndarray, arrays: int) -> None:
     """Add this push's α (distinct rows this worker touched ÷ rows) to the key's tally;
     ``ids`` come from ``arrays`` row_sparse arrays (one array's are distinct already)."""
@@ -57,7 +300,6 @@ def count_rows(slot: KeySlot, ids: np.ndarray, arrays: int) -> None:
     slot.alpha_steps += 1
 
 
-# -- push --------------------------------------------------------------------------------
 def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
                   group: Group, updater) -> None:
     """Sum the rows over devices and the group; update (or overwrite) the local copy.
@@ -81,80 +323,6 @@ def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.
     ids, rows = sum_rows(all_ids, all_rows, counts)
     group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
     servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
-
-
-#: what a waiting ``Flag`` waits on (every flag's set wakes it)
-_FLAG_SET = threading.Condition()
-
-
-class Flag:
-    """``threading.Event``'s ``set``, ``is_set`` and ``wait`` for a flag made every step and
-    set once (a prefetch's rows, a pull's check): making an Event makes a Condition and its
-    lock, many times this one's cost on the caller's thread, for a flag that is nearly
-    always set before anyone looks. The rare waiter waits on one Condition shared by every
-    flag."""
-
-    __slots__ = ("_set",)
-
-    def __init__(self):
-        self._set = False
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        with _FLAG_SET:
-            self._set = True
-            _FLAG_SET.notify_all()
-
-    def wait(self, timeout: Optional[float] = None) -> bool:
-        """Whether the flag is set, waiting up to ``timeout`` seconds for it (callers loop,
-        so waking for another flag's set only returns early)."""
-        with _FLAG_SET:
-            if not self._set:
-                _FLAG_SET.wait(timeout)
-            return self._set
-
-
-class Prefetch:
-    """The rows a ``row_sparse_pull`` of the next step will ask for, on their way: written
-    by an engine operation (the hand-out, or MXNet's pull), read by the caller's thread once
-    ``ready`` is set, or copied by MXNet's engine behind that operation."""
-
-    def __init__(self, key: Key, ids: Optional[np.ndarray], handed: Optional[np.ndarray],
-                 array: NDArray, rows: Optional[np.ndarray] = None):
-        #: this rank's sorted unique ids (None until MXNet's pull sorted them: pure PS)
-        self.key, self.ids = key, ids
-        #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was,
-        #: and where they lie for the C++ helper's compare (``ids_address``)
-        self.handed = handed
-        self.handed_at = ids_address(handed) if handed is not None else None
-        #: the rows as a host row_sparse array, made at the push and written by an engine
-        #: operation: a pull of exactly ``ids`` queues an engine copy of it into its out,
-        #: which waits in MXNet's engine for that operation, so nothing waits on the
-        #: caller's thread (``RowPulls._pull_as_before``); ``rows``: a view of its rows
-        #: (None until that operation gave the array its rows, where it does: ``make_rows``)
-        self.array, self.rows = array, rows
-        self.ready = Flag()
-        #: why the rows could not be handed over (set with ``ready``; the reader raises it)
-        self.error: Optional[str] = None
-        #: whether its hand-out waits for nothing (the gradient's rows read in place): a
-        #: later step's backward may then be queued before it runs
-        self.waits_for_nothing = False
-
-
-@dataclass
-class PushOfRows:
-    """One key of a ``push_and_prefetch``: its gradient's arrays (None after a local error)
-    and their row ids (None: read in place by the hand-out, which also counts them for α),
-    and the ids the next step will pull (sorted unique, None where the hand-out works them
-    out; and as handed to ``prefetch_rows``, when they came in one array)."""
-    key: Key
-    slot: KeySlot
-    arrays: Optional[Sequence[NDArray]]
-    ids: Optional[np.ndarray]
-    next_ids: Optional[np.ndarray]
-    handed: Optional[np.ndarray] = None
 
 
 def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
@@ -425,14 +593,3 @@ def _hand_out_packed(pushes: Sequence[PushOfRows], fetches, row_bytes: List[int]
         if not (failed or table is None):
             take_rows(union, table, nexts, counts, send, at)
     return send, sizes
-
-
-# -- pull --------------------------------------------------------------------------------
-def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
-                     servers: Optional[ServerLink]) -> None:
-    """The servers' whole table into ``into`` on every rank (``pull`` of a dense weight
-    whose rows live on the servers: Gluon pulls all of it, as with MXNet's own stores)."""
-    if servers is not None:
-        into[:] = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
-                                    slot.dtype).reshape(into.shape)
-    broadcast_array(into, 0, group, name=f"key {key!r} from the servers", patient=True)
