@@ -183,8 +183,11 @@ class RowPushes:
                 self.pulls.take_hint(key)   # (this push updates the rows it holds)
                 push_in_group(key, slot, arrays, push.ids, self.placement.group, updater)
                 self.mode.after_update(key, slot)
-            else:   # (a key's first push may ask for rows once routed)
+            elif route == "servers":   # (a key's first push may ask for rows once routed)
                 to_servers.append((push, hands_out or self.asks_prefetch(key)))
+            else:
+                raise KVHybridError(f"key {key!r} has route {route!r}, which no push takes: "
+                                    "report it")
         if to_servers:
             self._push_to_servers(to_servers, plan.call)
 
@@ -289,7 +292,6 @@ def _ids_of_table(key: Key, ids, rows: int) -> np.ndarray:
     return table_ids(values, rows, lambda bad: KeyValueError(
         f"prefetch_rows of key {key!r} got row id {bad}, outside the table's {rows} rows: "
         f"pass ids in [0, {rows})"))
-
 
 
 # -- the routes' work ------------------------------------------------------------------------

@@ -6,19 +6,19 @@ import types
 import numpy as np
 import mxnet as mx
 
-from kvhybrid.kvstore import sparse_push as rx
+from kvhybrid.kvstore import sparse_push
 from kvhybrid.kvstore.hints import Prefetch
 
 
 def test_a_failed_hand_over_sets_ready_with_an_error_naming_the_key():
     slot = types.SimpleNamespace(shape=(10, 2), dtype=np.dtype(np.float32))
     # a dense gradient where a row_sparse one belongs: its ids cannot be read in place
-    push = rx.PushOfRows("emb", slot, [mx.nd.zeros((10, 2))], None, np.array([1, 3]))
+    push = sparse_push.PushOfRows("emb", slot, [mx.nd.zeros((10, 2))], None, np.array([1, 3]))
     out = mx.nd.zeros((10, 2))
     prefetch = Prefetch("emb", None, None, out)
     group = types.SimpleNamespace(bytes_sent=collections.Counter())
     ended = []
-    rx._hand_over(push, prefetch, out, group, lambda: ended.append(True))
+    sparse_push._hand_over(push, prefetch, out, group, lambda: ended.append(True))
     assert prefetch.ready.is_set() and ended == [True]   # nothing left waiting, no timer left
     assert prefetch.error is not None and "'emb'" in prefetch.error
     assert "kvhybrid.prefetch" in prefetch.error   # what to do about it
