@@ -149,9 +149,9 @@ class Placement:
 
 
 def rows_live_on_servers(slot: KeySlot, num_servers: int, across_groups: bool) -> bool:
-    """Where rows live (``sparse.py``): on the servers for sparse weights whenever there are
-    servers, and for dense weights with sparse gradients when several client groups share
-    them; otherwise in the group."""
+    """Where a key's rows live (the two kinds of key: ``sparse.py``): on the servers for
+    sparse weights whenever there are servers, and for dense weights with sparse gradients
+    when several client groups share them; otherwise in the group."""
     if num_servers == 0:
         return False
     return slot.sparse_weight or across_groups

@@ -37,8 +37,8 @@ from ..tensor_collectives.operators import copy
 from ..tensor_collectives.rows import (by_rank, gather_patiently, ids_in_table, scatter_bytes,
                                        take_rows, union_ids, unique_ids)
 from .calls import Calls, agree, check_pulled_rows, keys_text, pull_tag
-from .keys import Key, KeySlot, check_pull_out, is_key, lookup, pairs
 from .hints import Flag, Prefetch
+from .keys import Key, KeySlot, check_pull_out, is_key, lookup, pairs
 from .placement import Placement
 from .ps.link import ServerLink
 
