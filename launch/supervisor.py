@@ -12,6 +12,7 @@ whole process tree (mpirun and its ranks) is signalled together.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -96,6 +97,19 @@ def _interrupt(signum, frame):
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+@contextlib.contextmanager
+def signals_interrupt():
+    """Inside: SIGINT raises KeyboardInterrupt and SIGTERM raises ``Terminated``, whatever
+    handlers the process inherited (a shell starts background commands with SIGINT
+    ignored, and a launcher that cannot be interrupted leaves its job behind)."""
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @dataclass
 class Managed:
     name: str                        # "scheduler", "server 1", "client 0"
@@ -173,16 +187,10 @@ class Supervisor:
     def wait(self, poll: float = 0.1) -> int:
         """Run until the essential processes are done (0) or one process fails (its code).
 
-        Ctrl-C (SIGINT) and SIGTERM stop every process of the job. The handlers are set
-        here, whatever the launcher inherited: a shell starts background commands with
-        SIGINT ignored, and a launcher that cannot be interrupted leaves its job behind.
+        Ctrl-C (SIGINT) and SIGTERM stop every process of the job (``signals_interrupt``).
         """
-        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with signals_interrupt():
             return self._wait(poll)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _wait(self, poll: float) -> int:
         try:
