@@ -4,6 +4,7 @@
     kvhybrid-launch -n 4 --clients 2 --servers 2 python train.py   # 2 groups of 2 + 2 servers
     kvhybrid-launch -n 8 --clients 2 --servers 2 --hostfile hosts --launcher ssh python train.py
     kvhybrid-launch --clients 2 --servers 2 --launcher slurm python train.py   # in salloc/sbatch
+    kvhybrid-launch -n 4 --tune python train.py    # try a few shapes, run in the fastest
 
 Prints the sizing table before starting anything, prefixes every output line
 with the process it came from, stops the whole job within seconds when any
@@ -23,13 +24,13 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import slurm, tune
+from . import shape_tune, slurm, tune
 from .hosts import HostError, local_hosts, parse_host_list, parse_hostfile
 from .mpirun import (DEFAULT_ENV, MpiImplementation, MpiJob, MpiUnsupported, build_command,
                      check_supported, find_mpirun, implementation, job_env, output_tag,
                      runtime_setting)
 from .sizing import JobPlan, JobSpec, SizingError, format_table, plan_job
-from .supervisor import Supervisor
+from .supervisor import Supervisor, Terminated, signals_interrupt
 from .transport import (TRANSPORTS, address, check_ssh, free_port, hand_secret, listening,
                         take_back_secret, wrap)
 from kvhybrid.kvstore.ps.auth import SECRET_FILE_VAR, SECRET_VAR, new_secret
@@ -84,6 +85,13 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--tune-partitions", action="store_true",
                    help="run the job a few times at different KVHYBRID_PARTITIONS, fit Parallax's "
                         "model, remember the best for this job (later runs start with it)")
+    p.add_argument("--tune", action="store_true",
+                   help="run short trials of the job in a few shapes (client groups, "
+                        "servers, row masters; then the partition count), run it in the "
+                        "fastest and remember it for this job (later runs start there)")
+    p.add_argument("--tune-budget", type=float, metavar="SECONDS",
+                   help=f"seconds --tune may spend on trials (default "
+                        f"{shape_tune.DEFAULT_BUDGET:.0f}); no trial starts that would exceed it")
     p.add_argument("--tune-samples", type=int, default=5, metavar="K",
                    help="at most K settings sampled by --tune-partitions (default 5, at least 3)")
     p.add_argument("--tune-out", metavar="DIR",
@@ -110,6 +118,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     if args.tune_samples < 3:
         p.error(f"--tune-samples must be at least 3 (the fit has 3 parameters), got "
                 f"{args.tune_samples}")
+    check_tune_flags(p, args)
     if shutil.which(args.command[0]) is None and not os.path.isfile(args.command[0]):
         p.error(f"command {args.command[0]!r} not found")
     scripts = [c for c in args.command[1:2] if c.endswith(".py")]
@@ -118,7 +127,36 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     return args
 
 
-def make_plan(args) -> JobPlan:
+def check_tune_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--tune chooses the shape itself: flags that fix it, or that start nothing, are refused."""
+    if args.tune_budget is not None and not args.tune:
+        p.error("--tune-budget bounds the trials of --tune: add --tune, or drop --tune-budget")
+    if not args.tune:
+        return
+    fixed = [flag for flag, given in (("--clients", args.clients is not None),
+                                      ("--servers", args.servers is not None),
+                                      ("--auto", args.auto), ("--sparse", args.sparse),
+                                      ("--row-masters", args.row_masters != "auto")) if given]
+    if fixed:
+        p.error(f"--tune chooses the client groups, servers and row masters itself: drop "
+                f"{', '.join(fixed)}, or drop --tune to run that shape")
+    if args.tune_partitions:
+        p.error("--tune searches the partition count for the shape it picks: drop "
+                "--tune-partitions")
+    if args.dry_run:
+        p.error("--tune runs trial jobs and --dry-run starts nothing: drop one of them (a dry "
+                "run shows the shape an earlier --tune remembered)")
+    if args.restarts:
+        p.error("--tune's trials include pure MPI, which --restarts cannot restart: give the "
+                "shape with --clients and --servers to use --restarts, or drop --restarts")
+    if args.tune_budget is None:
+        args.tune_budget = shape_tune.DEFAULT_BUDGET
+    if args.tune_budget <= 0:
+        p.error(f"--tune-budget must be more than 0 seconds, got {args.tune_budget:g}")
+
+
+def job_hosts(args) -> list:
+    """The hosts the job may use (and, under Slurm without -n, the workers)."""
     if args.hosts:
         hosts = parse_host_list(args.hosts)
     elif args.hostfile:
@@ -133,6 +171,11 @@ def make_plan(args) -> JobPlan:
             slurm.check_hosts_in_allocation(hosts, os.environ)
         if args.num_workers is None:
             args.num_workers = sum(h.slots for h in hosts)
+    return hosts
+
+
+def make_plan(args, hosts=None) -> JobPlan:
+    hosts = job_hosts(args) if hosts is None else hosts
     # the store's own parser: a bad value is refused here, naming the variable, not in every rank
     from kvhybrid.config import StoreConfig
     emulate = StoreConfig.from_env({"KVHYBRID_EMULATE_NODE_SIZE": os.environ.get(
@@ -436,7 +479,17 @@ def build_job(args, plan: JobPlan) -> "Job":
 
 def run_once(args, plan: JobPlan) -> int:
     job = build_job(args, plan)
-    rc = job.run(Supervisor())
+    sup = Supervisor()
+    # from the first start on, not only once it waits: a SIGTERM while the scheduler binds
+    # (a --tune trial cut off) would otherwise leave the processes of their own sessions
+    try:
+        with signals_interrupt():
+            rc = job.run(sup)
+    except KeyboardInterrupt as exc:
+        log.error("%s: stopping every process of the job",
+                  "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted")
+        sup.stop_all()
+        return 143 if isinstance(exc, Terminated) else 130
     if rc == 0:
         log.info("the job finished")
     else:
@@ -459,11 +512,61 @@ def tune_partitions(args, plan: JobPlan, sig: str) -> int:
     return tune.tune(run_job, sig, start, MAX_PARTITIONS, args.tune_samples, args.tune_out)
 
 
+def trial_command(args, shape: "shape_tune.Shape") -> List[str]:
+    """The launcher's command for one --tune trial: this job's flags in ``shape``."""
+    cmd = [sys.executable, "-m", "kvhybrid.launch.cli", "-n", str(args.num_workers),
+           "--launcher", args.launcher]
+    for flag, value in (("-H", args.hosts), ("--hostfile", args.hostfile),
+                        ("--interface", args.interface), ("--mpi-args", args.mpi_args)):
+        if value:
+            cmd += [flag, value]
+    if args.no_mpi_tuning:
+        cmd.append("--no-mpi-tuning")
+    return cmd + shape.flags() + list(args.command)
+
+
+def choose_shape(args, hosts) -> int:
+    """--tune, or a plain run of a job that an earlier --tune remembered: set the shape in
+    ``args``. Returns an exit code (non-zero: stop)."""
+    one_group = plan_job(JobSpec(args.num_workers, 1, 0, tuple(hosts), args.launcher))
+    names = {name for name, _ in one_group.clients[0].ranks}   # the hosts N workers fill
+    used = [(h.name, h.slots) for h in hosts if h.name in names]
+    sig = shape_tune.signature(args.command, args.num_workers, used, args.launcher)
+    if args.tune:
+        grid = shape_tune.Grid(args.num_workers, len(used))
+        try:
+            chosen = shape_tune.tune_shape(
+                grid, sig, lambda shape: trial_command(args, shape),
+                lambda shape: tune.signature(args.command, args.num_workers, shape.clients,
+                                             shape.servers),
+                args.tune_budget, args.tune_samples, args.tune_out)
+        except KeyboardInterrupt as exc:   # (the trial's job is stopped)
+            return 143 if isinstance(exc, Terminated) else 130
+        if chosen is None:
+            log.error("--tune: no trial ran to the end (the table says why): fix the job, "
+                      "or give its shape with --clients and --servers")
+            return 1
+    else:
+        chosen = shape_tune.remembered(sig)
+        if chosen is None or args.clients is not None or args.servers is not None \
+                or args.auto or args.row_masters != "auto":
+            return 0
+        log.info("shape %s, from an earlier --tune of this job (%s); give --clients and "
+                 "--servers to choose another", chosen.describe(), tune.cache_path())
+    args.clients, args.servers, args.row_masters = \
+        chosen.clients, chosen.servers, chosen.row_masters
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="kvhybrid-launch: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        plan = make_plan(args)
+        hosts = job_hosts(args)
+        rc = choose_shape(args, hosts)
+        if rc:
+            return rc
+        plan = make_plan(args, hosts)
         job = build_job(args, plan)
     except (SizingError, HostError, FileNotFoundError, ValueError, OSError) as exc:
         print(f"kvhybrid-launch: error: {exc}", file=sys.stderr)

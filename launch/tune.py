@@ -60,7 +60,12 @@ def remember(sig: str, entry: dict) -> None:
 
 def step_time(stats_file: str, warmup: int = WARMUP_STEPS) -> float:
     """Median seconds per step after ``warmup`` steps, from rank 0's stats."""
-    steps = json.loads(Path(stats_file).read_text())["step_seconds"]
+    return step_time_of(json.loads(Path(stats_file).read_text()), warmup)
+
+
+def step_time_of(stats: dict, warmup: int = WARMUP_STEPS) -> float:
+    """``step_time`` of stats already read."""
+    steps = stats["step_seconds"]
     if len(steps) <= warmup:
         raise ValueError(f"the job ran {len(steps) + 1} steps: tuning needs more than "
                          f"{warmup + 1} (the first {warmup} are warm-up); run more steps")
