@@ -1,6 +1,6 @@
 """Regenerate every benchmark's current result in one run.
 
-    python -m benchmarks all                  # every benchmark, about 65 minutes on 2 cores
+    python -m benchmarks all                  # every benchmark, about 70 minutes on 2 cores
     python -m benchmarks all --only models fusion
     python -m benchmarks list                 # what ``all`` runs, with each command
 
@@ -16,7 +16,8 @@ The settings are chosen to fit about 40 minutes on a 2-core machine, and 25 more
 papers' page on emulated hosts: 3 rounds of every comparison (the systems' order alternated;
 one round for the papers' page), shorter runs than each benchmark's defaults (20 steps a
 models job, NMT on loopback only, 1,000 keys in the load test, 15 and 3 epochs of the
-experiments' tasks; the Module benchmark runs at its own defaults, about 8 minutes). The
+experiments' tasks; the Module benchmark runs at its own defaults, about 8 minutes; the
+shape tuning's three models, two sweep jobs per shape and a ``--tune`` each, about 5). The
 first full run with the benchmarks' own defaults took 42 minutes.
 """
 from __future__ import annotations
@@ -84,6 +85,8 @@ PLAN = [
     Benchmark("partitions", "benchmarks.partitions",
               ["--sweep", "1", "2", "4", "--rounds", "1", "--steps", "20"],
               "step time against the partition count P, and the tuner's choice"),
+    Benchmark("tuning", "benchmarks.tuning", ["--models", "lm", "nmt", "cnn", "--steps", "20"],
+              "kvhybrid-launch --tune's shape against a sweep of every shape, per model"),
     Benchmark("compression", "benchmarks.compression",
               ["--rounds", "3", "--epochs", "2", "--thresholds", "0.5"],
               "2bit compression: bytes saved, accuracy against dist_sync's"),

@@ -141,6 +141,16 @@ def why_no_hosts() -> Optional[str]:
     return None
 
 
+def check_host_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse ``--hosts`` that cannot split ``--workers`` evenly or cannot be made here."""
+    if args.hosts < 0 or (args.hosts and args.workers % args.hosts):
+        p.error(f"--hosts must be 0 (loopback) or divide --workers {args.workers}, got "
+                f"{args.hosts}")
+    missing = why_no_hosts() if args.hosts else None
+    if missing:
+        p.error(f"--hosts {missing}")
+
+
 def launcher_args_on_hosts(stack: contextlib.ExitStack, hosts: int, rate: str,
                            delay: Optional[str], workers: int, folder: Path) -> List[str]:
     """``kvhybrid-launch``'s arguments that spread ``workers`` evenly over ``hosts`` emulated

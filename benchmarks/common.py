@@ -89,15 +89,10 @@ STOP_GRACE = 30.0
 
 def stop_job(proc: subprocess.Popen) -> None:
     """SIGTERM to a job's launcher, which stops its scheduler, servers and mpiruns;
-    SIGKILL to its whole session ``STOP_GRACE`` seconds later."""
-    import os
-    import signal
-    proc.terminate()
-    try:
-        proc.communicate(timeout=STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    SIGKILL to its whole session ``STOP_GRACE`` seconds later (as ``--tune`` stops a
+    trial)."""
+    from kvhybrid.launch.shape_tune import stop_session
+    stop_session(proc, STOP_GRACE)
 
 
 def ratio_cell(values: Sequence[float]) -> str:

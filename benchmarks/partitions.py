@@ -8,8 +8,9 @@ Zipf word ids, plus dense layers) through ``kvhybrid-launch`` at every P of ``--
 (``--rounds`` times each, in turn), then once more as ``kvhybrid-launch
 --tune-partitions`` with an empty cache, and compares the throughput at the tuner's P
 with the best of the sweep. Step time: rank 0's median after 3 warm-up steps
-(``KVHYBRID_STATS_FILE``). Writes ``NAME.{md,json,png}`` and ``NAME_tuning.{md,png}``
-(``--name``, default ``partitions``) into ``--out``. ``--hosts N --rate R`` runs every job on
+(``KVHYBRID_STATS_FILE``). Writes ``NAME.{md,json,png}`` (``--name``, default
+``partitions``; the page ends with the tuner's own table and fit, the plot shows its samples
+and curve) into ``--out``. ``--hosts N --rate R`` runs every job on
 N emulated hosts (``benchmarks/cluster.py``), a server per host unless ``--servers`` says
 otherwise: where the servers' links, not the cores, decide the best P.
 """
@@ -20,7 +21,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import statistics
 import sys
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from .cluster import add_host_args, launcher_args_on_hosts, setting_name, why_no_hosts
+from .cluster import add_host_args, check_host_args, launcher_args_on_hosts, setting_name
 from .common import footer, run_job, save_figure, write_outputs
 
 log = logging.getLogger("benchmarks")
@@ -70,15 +70,9 @@ def tuner(args, tmp: str) -> dict:
     report_dir = Path(tmp, "tuning")
     run_job(_launch(args, ["--tune-partitions", "--tune-out", str(report_dir)]),
             _env(KVHYBRID_CACHE_DIR=cache), args.timeout * 6, "the tuning run", "partitions")
-    # the launcher's page and plot, the page ending as every benchmark's does
-    page = (report_dir / "partitions_tuning.md").read_text()
-    out = Path(args.out)
-    title = ("# The partition tuner's samples and fit (`kvhybrid-launch --tune-partitions`), "
-             + setting_name(args.hosts, args.rate, args.workers, args.delay))
-    (out / f"{args.name}_tuning.md").write_text(
-        "\n".join([title, "", page, *footer("partitions")]) + "\n")
-    shutil.copyfile(report_dir / "partitions_tuning.png", out / f"{args.name}_tuning.png")
     (entry,) = json.loads(Path(cache, "partitions.json").read_text()).values()
+    # the launcher's own summary (its table and fit), kept as a section of the page
+    entry["summary"] = (report_dir / "partitions_tuning.md").read_text().strip()
     return entry
 
 
@@ -104,7 +98,11 @@ def report(result: dict, args) -> str:
     lines += ["", f"Tuner: {len(samples)} settings sampled "
               f"({', '.join(f'P={p}: {t * 1e3:.2f} ms' for p, t in samples)}), chose P = {chosen}; "
               f"its throughput in the sweep is **{ratio:.3f}×** the best P's "
-              f"({'within' if ratio >= 0.95 else 'outside'} 5 %).", ""] + footer("partitions")
+              f"({'within' if ratio >= 0.95 else 'outside'} 5 %).", ""]
+    if result["tuner"].get("summary"):
+        lines += ["## The tuner's own table and fit (`kvhybrid-launch --tune-partitions`)", "",
+                  result["tuner"]["summary"], ""]
+    lines += footer("partitions")
     return "\n".join(lines) + "\n"
 
 
@@ -152,14 +150,9 @@ def main(argv=None) -> None:
     add_host_args(p)
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--name", default="partitions",
-                   help="file names: NAME.{md,json,png}, NAME_tuning.{md,png}")
+                   help="file names: NAME.{md,json,png}")
     args = p.parse_args(argv)
-    if args.hosts < 0 or (args.hosts and args.workers % args.hosts):
-        p.error(f"--hosts must be 0 (loopback) or divide --workers {args.workers}, got "
-                f"{args.hosts}")
-    missing = why_no_hosts() if args.hosts else None
-    if missing:
-        p.error(f"--hosts {missing}")
+    check_host_args(p, args)
     if args.servers is None:
         args.servers = args.hosts or 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
