@@ -61,6 +61,24 @@ def test_the_stores_parts_use_each_other_only_through_public_names():
     assert found == []
 
 
+def _kvstore_imports(name: str) -> set:
+    """The kvhybrid.kvstore modules ``kvstore/name.py`` imports (relative imports)."""
+    found = set()
+    for node in ast.walk(_tree(f"kvstore/{name}.py")):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module} if node.module else {a.name for a in node.names}
+    return found
+
+
+def test_the_row_sparse_modules_import_one_way():
+    # the store asks the push, the push asks the tables, the tables ask the pull: never back
+    # (a pull that imported the push would let a pull start a push's exchange)
+    assert not _kvstore_imports("sparse_pull") & {"sparse", "sparse_push", "store"}
+    assert not _kvstore_imports("sparse") & {"sparse_push", "store"}
+    assert not _kvstore_imports("sparse_push") & {"store"}
+    assert {"sparse", "sparse_pull"} <= _kvstore_imports("sparse_push")
+
+
 def test_the_stores_differ_only_by_their_mode():
     # sync, async and elastic are strategy objects (kvstore/modes.py, elastic/mode.py): their
     # store classes override no method, and no part tests a mode by its name
