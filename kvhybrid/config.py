@@ -158,6 +158,9 @@ class StoreConfig:
     #: KVHYBRID_STATS_FILE: rank 0 writes its step times and row_sparse key stats here
     #: (JSON) when the store closes; kvhybrid-launch --tune-partitions reads it.
     stats_file: str = ""
+    #: KVHYBRID_STATS_STEPS: rank 0 also writes the stats file once this many steps have
+    #: begun (0: only at close): the tuners set it so that a trial can stop there.
+    stats_steps: int = 0
     #: KVHYBRID_ELASTIC_ALPHA: the elastic force α of hybrid-mpi-elastic, in (0, 1);
     #: 0 (unset): EASGD's rule 0.9 / number of client groups.
     elastic_alpha: float = 0.0
@@ -192,6 +195,7 @@ class StoreConfig:
         "row_masters": ("KVHYBRID_ROW_MASTERS", _parse_row_masters),
         "partitions": ("KVHYBRID_PARTITIONS", _parse_partitions),
         "stats_file": ("KVHYBRID_STATS_FILE", lambda name, raw: raw.strip()),
+        "stats_steps": ("KVHYBRID_STATS_STEPS", _parse_count),
         "elastic_alpha": ("KVHYBRID_ELASTIC_ALPHA", _parse_fraction),
         "elastic_interval": ("KVHYBRID_ELASTIC_INTERVAL", _parse_interval),
         "restart": ("KVHYBRID_RESTART", _parse_count),

@@ -1,9 +1,10 @@
 """``kvhybrid-launch --tune``: choose a job's shape (client groups, servers, row masters) by
 running short trials of the user's own command.
 
-Each trial is the job itself, started through the launcher in one shape, cut off at a
-per-trial timeout; its step time is rank 0's median after the warm-up steps
-(``KVHYBRID_STATS_FILE``, as ``--tune-partitions`` reads it). The shapes form a small grid:
+Each trial is the job itself, started through the launcher in one shape and stopped once
+rank 0 has written ``TRIAL_STEPS`` step times after the warm-up (``KVHYBRID_STATS_STEPS``),
+or cut off at a per-trial timeout; its step time is their median (``KVHYBRID_STATS_FILE``,
+as ``--tune-partitions`` reads it). The shapes form a small grid:
 client groups 1, one per host, one per worker; servers 0, one per host, two per host; and,
 for one group spanning hosts with servers, rows aggregated by the group's master or per host.
 
@@ -56,6 +57,11 @@ TIMEOUT_FACTOR = 3.0
 MIN_TRIAL_TIMEOUT = 60.0
 #: seconds between SIGTERM to a cut-off trial's launcher (which stops its job) and SIGKILL
 STOP_GRACE = 15.0
+#: step times a trial measures after the warm-up; rank 0 writes its stats as the next step
+#: begins (KVHYBRID_STATS_STEPS) and the trial is stopped there, however long the job
+TRIAL_STEPS = 20
+#: seconds between looks at a running trial's stats file
+POLL = 0.25
 DEFAULT_BUDGET = 600.0
 
 
@@ -326,26 +332,34 @@ class TrialResult:
     rc: Optional[int]         # None: cut off at its timeout
     wall: float
     tail: List[str]
+    enough: bool = False      # stopped once it had run enough steps
 
 
-def run_trial(cmd: List[str], env: Dict[str, str], timeout: float, log_path: str) -> TrialResult:
-    """Run one trial's launcher in its own session, its output into ``log_path``; cut off
-    at ``timeout``."""
+def run_trial(cmd: List[str], env: Dict[str, str], timeout: float, log_path: str,
+              enough: Callable[[], bool] = lambda: False) -> TrialResult:
+    """Run one trial's launcher in its own session, its output into ``log_path``; stop it
+    once ``enough()`` says its steps are in, or cut it off at ``timeout``."""
     t0 = time.monotonic()
+    rc, done = None, False
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            rc = proc.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            rc = None
-            stop_session(proc)
+            while rc is None and time.monotonic() - t0 < max(1.0, timeout):
+                try:
+                    rc = proc.wait(timeout=POLL)
+                except subprocess.TimeoutExpired:
+                    done = enough()
+                    if done:
+                        break
+            if rc is None:
+                stop_session(proc)
         except BaseException:   # Ctrl-C or SIGTERM of the tuning: stop the trial's job too
             stop_session(proc)
             raise
     with open(log_path, errors="replace") as f:
         tail = f.read().splitlines()[-40:]
-    return TrialResult(rc, time.monotonic() - t0, tail)
+    return TrialResult(None if done else rc, time.monotonic() - t0, tail, done)
 
 
 def stop_session(proc: subprocess.Popen, grace: float = STOP_GRACE) -> None:
@@ -398,6 +412,14 @@ class Budget:
         return self.seconds - self.used
 
 
+def steps_written(stats_file: str) -> int:
+    """The steps begun when rank 0 last wrote ``stats_file`` (0: not yet written)."""
+    try:
+        return int(json.loads(Path(stats_file).read_text()).get("steps", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 class Trials:
     """Starts trials of the job through the launcher and reads their step times."""
 
@@ -430,11 +452,14 @@ class Trials:
         env = dict(env or {})
         stats = env.setdefault("KVHYBRID_STATS_FILE",
                                os.path.join(self.tmp, f"trial{self.count}.json"))
+        steps = tune.WARMUP_STEPS + TRIAL_STEPS + 1
+        env["KVHYBRID_STATS_STEPS"] = str(steps)
         full = {**os.environ, **env}
         timeout = self.timeout()
         result = run_trial(self.launcher_cmd(shape), full, timeout,
-                           os.path.join(self.tmp, f"trial{self.count}.log"))
-        if result.rc != 0:
+                           os.path.join(self.tmp, f"trial{self.count}.log"),
+                           lambda: steps_written(stats) >= steps)
+        if result.rc != 0 and not result.enough:
             return None, failure_reason(result, timeout), result.wall
         try:
             data = json.loads(Path(stats).read_text())
@@ -473,8 +498,8 @@ def search_shape(search: ShapeSearch, trials: Trials) -> Tuple[Optional[Shape], 
         search.record(shape, seconds, wall)
         if search.dense_only is None:
             search.dense_only = not stats.get("keys")
-        log.info("tune %d: %s: %.2f ms per step (the trial took %.0f s)", n, shape.describe(),
-                 seconds * 1e3, wall)
+        log.info("tune %d: %s: %.2f ms per step (the trial took %.0f s, %s steps)", n,
+                 shape.describe(), seconds * 1e3, wall, stats.get("steps", "?"))
     search.finish(why)
     return search.best(), why
 

@@ -128,7 +128,7 @@ class HybridMPIStore(mx.kv.KVStore):
                                 self.pulls)
         # a meeting on the caller's thread comes after the pulls the communication thread serves
         self.calls.before_meeting = self.pulls.settle
-        self.clock = StepClock()
+        self.clock = StepClock(self.config.stats_steps, self._write_stats)
         # held until closed: a dropped store still serves its pending pulls at exit
         atexit.register(self.close)
         log.info("kvhybrid: %s store, rank %d of %d (client group %d of %d, %d servers)", self.NAME,
@@ -524,12 +524,17 @@ class HybridMPIStore(mx.kv.KVStore):
         return self.dense.stats()
 
     def step_seconds(self) -> List[float]:
-        """Seconds between consecutive steps (one push of the first key per step)."""
-        return self.clock.step_seconds()
+        return self.clock.step_seconds()   # (one push of the first key per step)
 
     def key_stats(self) -> Dict[Key, Dict[str, object]]:
         """Per row_sparse key pushed so far: rows, pushes, α and route (``RowTables``)."""
         return self.tables.key_stats()
+
+    def _write_stats(self, key_stats: Optional[Dict] = None) -> None:
+        """Rank 0's KVHYBRID_STATS_FILE: at close, and as step KVHYBRID_STATS_STEPS begins."""
+        if self.config.stats_file and self.rank == 0:
+            write_stats(self.config, self.placement, self.clock,
+                        self.key_stats() if key_stats is None else key_stats)
 
     # -- barrier and lifetime ------------------------------------------------------------------
     def barrier(self) -> None:
@@ -556,17 +561,12 @@ class HybridMPIStore(mx.kv.KVStore):
         except KVHybridError as exc:
             log.warning("kvhybrid: closing with a pull unserved: %s", exc)
         self._closed = True
-        placement = self.placement
         try:   # (rows fetched ahead that a failed collective left unserved)
             stats = self.key_stats()
         except KVHybridError as exc:
             log.warning("kvhybrid: closing after a failed collective: %s", exc)
             stats = {}
-        if self.config.stats_file and self.rank == 0:
-            write_stats(self.config.stats_file, self.clock, stats,
-                        partitions=self.config.partitions, workers=self.num_workers,
-                        clients=placement.num_clients, servers=self.config.num_servers,
-                        ps_requests=placement.servers.requests if placement.servers else 0)
+        self._write_stats(stats)
         if stats and self.group.rank == 0:
             log.info("row_sparse keys (α as rank 0 saw it): %s", "; ".join(
                 f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "
@@ -582,7 +582,7 @@ class HybridMPIStore(mx.kv.KVStore):
             self.pushes.close()
             self.pulls.close()
         finally:   # (the groups' boards say this rank has left: its peers stop waiting)
-            placement.close()
+            self.placement.close()
             self._slots.clear()
             self.calls.forget()
 

@@ -35,6 +35,9 @@ def test_tune_tries_shapes_picks_one_runs_in_it_and_later_runs_start_there(tmp_p
     assert "dense-only model (no row_sparse keys in the trials' stats)" in r.output
     assert "| – | 1 group, 1 server | – | pruned: dense-only model" in r.output
     assert "partitions: not searched" in r.output
+    # each trial stopped once rank 0's store had written its steps (of the hundred)
+    steps = shape_tune.tune.WARMUP_STEPS + shape_tune.TRIAL_STEPS + 1
+    assert r.output.count(f" s, {steps} steps)") >= 2, r.output[-4000:]
     entry = shape_entry(tmp_path / "cache")
     chosen = shape_tune.Shape(**entry["shape"])
     measured = [t for t in entry["trials"] if t["status"] == "measured"]

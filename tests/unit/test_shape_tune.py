@@ -185,3 +185,34 @@ def test_the_picks_partition_count_is_searched_only_where_it_matters(tmp_path, m
     short = FakeTrials(tmp_path, budget=100.0, wall=40.0)
     assert "the budget left fits 2 trials" in shape_tune.search_partitions(
         Shape(4, 1), sparse, short, 1, "s", 3, None)
+
+
+# A stand-in for a long training job: it writes rank 0's stats as the store does once
+# KVHYBRID_STATS_STEPS steps have begun, then trains on, and fails if it is let finish.
+LONG_JOB = """
+import json, os, sys, time
+steps = int(os.environ["KVHYBRID_STATS_STEPS"])
+time.sleep(0.5)
+with open(os.environ["KVHYBRID_STATS_FILE"], "w") as f:
+    json.dump({"step_seconds": [0.5] * 3 + [0.02] * (steps - 4), "steps": steps, "keys": {}}, f)
+time.sleep(120)
+sys.exit(3)
+"""
+
+
+def test_a_trial_stops_once_its_steps_are_in_however_long_the_job(tmp_path):
+    trials = shape_tune.Trials(lambda shape: [sys.executable, "-c", LONG_JOB],
+                               shape_tune.Budget(600.0), str(tmp_path))
+    stats, reason, wall = trials.run(Shape(1, 0))
+    assert reason == "" and stats["seconds"] == pytest.approx(0.02)
+    assert stats["steps"] == shape_tune.tune.WARMUP_STEPS + shape_tune.TRIAL_STEPS + 1
+    assert trials.walls == [wall]   # stopped there: a job let finish would fail
+
+
+def test_a_job_shorter_than_a_trial_is_measured_from_its_end(tmp_path):
+    short = ("import json, os\nwith open(os.environ['KVHYBRID_STATS_FILE'], 'w') as f:\n"
+             "    json.dump({'step_seconds': [0.5] * 3 + [0.03] * 6, 'steps': 10}, f)\n")
+    trials = shape_tune.Trials(lambda shape: [sys.executable, "-c", short],
+                               shape_tune.Budget(600.0), str(tmp_path))
+    stats, reason, _ = trials.run(Shape(1, 0))
+    assert reason == "" and stats["seconds"] == pytest.approx(0.03)
