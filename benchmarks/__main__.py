@@ -1,6 +1,6 @@
 """Regenerate every benchmark's current result in one run.
 
-    python -m benchmarks all                  # every benchmark, about 70 minutes on 2 cores
+    python -m benchmarks all                  # every benchmark, about 80 minutes on 2 cores
     python -m benchmarks all --only models fusion
     python -m benchmarks list                 # what ``all`` runs, with each command
 
@@ -17,7 +17,7 @@ papers' page on emulated hosts: 3 rounds of every comparison (the systems' order
 one round for the papers' page), shorter runs than each benchmark's defaults (20 steps a
 models job, NMT on loopback only, 1,000 keys in the load test, 15 and 3 epochs of the
 experiments' tasks; the Module benchmark runs at its own defaults, about 8 minutes; the
-shape tuning's three models, two sweep jobs per shape and a ``--tune`` each, about 5). The
+shape tuning's three models, 3 rounds of a sweep and a ``--tune``, about 13). The
 first full run with the benchmarks' own defaults took 42 minutes.
 """
 from __future__ import annotations
@@ -85,7 +85,8 @@ PLAN = [
     Benchmark("partitions", "benchmarks.partitions",
               ["--sweep", "1", "2", "4", "--rounds", "1", "--steps", "20"],
               "step time against the partition count P, and the tuner's choice"),
-    Benchmark("tuning", "benchmarks.tuning", ["--models", "lm", "nmt", "cnn", "--steps", "20"],
+    Benchmark("tuning", "benchmarks.tuning",
+              ["--models", "lm", "nmt", "cnn", "--steps", "200", "--rounds", "3"],
               "kvhybrid-launch --tune's shape against a sweep of every shape, per model"),
     Benchmark("compression", "benchmarks.compression",
               ["--rounds", "3", "--epochs", "2", "--thresholds", "0.5"],

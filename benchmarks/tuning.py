@@ -5,12 +5,14 @@
     python -m benchmarks.tuning --hosts 2 --rate 100mbit --name tuning_2x2_100mbit
 
 For each model of ``benchmarks.model_zoo`` (``benchmarks.model_worker`` on ``hybrid-mpi``),
-runs the job through ``kvhybrid-launch`` once in every shape the hosts allow (client groups,
-servers, row masters: ``launch/shape_tune.py``'s grid), then once as ``kvhybrid-launch --tune``
-with an empty cache, and compares the pick with the sweep's best: the pick's throughput in
-the sweep ÷ the best's, and the tuning's own time ÷ the sweep's. Step time: rank 0's median
-after the warm-up steps (``KVHYBRID_STATS_FILE``), at the default partition count (the
-tuner may then change P for the pick; the page says what it decided). ``--hosts N --rate R``
+``--rounds`` rounds, each a sweep (the whole job through ``kvhybrid-launch`` once in every
+shape the hosts allow: ``launch/shape_tune.py``'s grid) and a ``kvhybrid-launch --tune`` with
+an empty cache, their order alternated. It compares each pick with the sweep's best (the
+pick's throughput in the sweep ÷ the best's) and the tuning's own time with a sweep's, and
+says how long a job must be for the tuning to take 15 % of a sweep (trials stop after 24
+steps; sweep jobs run whole). Step time: rank 0's median after the warm-up steps
+(``KVHYBRID_STATS_FILE``), at the default partition count (the tuner may then change P for
+the pick; the page says what it decided). ``--hosts N --rate R``
 runs every job on N emulated hosts (``benchmarks/cluster.py``). Writes ``NAME.{md,json,png}``
 (default ``tuning``) into ``--out``.
 """
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import statistics
@@ -28,13 +31,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from .cluster import add_host_args, check_host_args, launcher_args_on_hosts, setting_name
 from .common import footer, save_figure, stop_job, write_outputs
 from .model_zoo import MODELS
 
 log = logging.getLogger("benchmarks")
+
+#: the share of a full sweep's time the tuning should take at most
+TIME_SHARE = 0.15
 
 
 def worker_command(args, model: str, out: str) -> List[str]:
@@ -67,41 +73,34 @@ def _run(cmd: List[str], env: Dict[str, str], timeout: float) -> tuple:
         raise
 
 
-def sweep(args, model: str, tmp: str) -> Dict[str, dict]:
-    """Every allowed shape, ``--rounds`` times in turn: the median ms per step (None where a
-    job failed), every round's, and the seconds of one sweep (the mean over the rounds)."""
+def sweep_round(args, model: str, tmp: str, rnd: int, found: Dict[str, dict]) -> float:
+    """Every allowed shape once, in turn, each a whole job: its ms per step (None where it
+    failed) and seconds appended to ``found``; the round's seconds."""
     from kvhybrid.launch.shape_tune import Grid
     from kvhybrid.launch.tune import step_time
-    grid = Grid(args.workers, args.hosts or 1)
-    found = {s.describe(): {"shape": s.__dict__, "rounds_ms": [], "all_seconds": []}
-             for s in grid.allowed()}
-    for rnd in range(args.rounds):
-        for shape in grid.allowed():
-            stats = os.path.join(
-                tmp, f"{model}-{shape.clients}-{shape.servers}-{shape.row_masters}-{rnd}.json")
-            cmd = [sys.executable, "-m", "kvhybrid.launch.cli", "-n", str(args.workers),
-                   *args.launcher_args, *shape.flags(), *worker_command(args, model, tmp)]
-            rc, out, seconds = _run(cmd, _env(KVHYBRID_STATS_FILE=stats,
-                                              KVHYBRID_CACHE_DIR=os.path.join(tmp, "no-cache")),
-                                    args.timeout)
-            ms = step_time(stats) * 1e3 if rc == 0 else None
-            log.info("tuning: %s sweep %d/%d, %s: %s (%.0f s)", model, rnd + 1, args.rounds,
-                     shape.describe(), f"{ms:.2f} ms per step" if ms else f"failed ({rc})",
-                     seconds)
-            if rc != 0:
-                log.warning("tuning: its output's tail:\n%s", out[-2000:])
-            entry = found[shape.describe()]
-            entry["all_seconds"].append(seconds)
-            if ms:
-                entry["rounds_ms"].append(ms)
-    for entry in found.values():
-        ok = len(entry["rounds_ms"]) == args.rounds
-        entry["ms_per_step"] = statistics.median(entry["rounds_ms"]) if ok else None
-        entry["seconds"] = statistics.mean(entry.pop("all_seconds"))
-    return found
+    total = 0.0
+    for shape in Grid(args.workers, args.hosts or 1).allowed():
+        stats = os.path.join(
+            tmp, f"{model}-{shape.clients}-{shape.servers}-{shape.row_masters}-{rnd}.json")
+        cmd = [sys.executable, "-m", "kvhybrid.launch.cli", "-n", str(args.workers),
+               *args.launcher_args, *shape.flags(), *worker_command(args, model, tmp)]
+        rc, out, seconds = _run(cmd, _env(KVHYBRID_STATS_FILE=stats,
+                                          KVHYBRID_CACHE_DIR=os.path.join(tmp, "no-cache")),
+                                args.timeout)
+        ms = step_time(stats) * 1e3 if rc == 0 else None
+        log.info("tuning: %s round %d/%d, sweep, %s: %s (%.0f s)", model, rnd + 1, args.rounds,
+                 shape.describe(), f"{ms:.2f} ms per step" if ms else f"failed ({rc})", seconds)
+        if rc != 0:
+            log.warning("tuning: its output's tail:\n%s", out[-2000:])
+        entry = found.setdefault(shape.describe(), {"shape": shape.__dict__, "rounds_ms": [],
+                                                    "job_seconds": []})
+        entry["rounds_ms"].append(ms)
+        entry["job_seconds"].append(seconds)
+        total += seconds
+    return total
 
 
-def tuned(args, model: str, tmp: str) -> dict:
+def tuned(args, model: str, tmp: str, rnd: int) -> dict:
     """``kvhybrid-launch --tune`` with an empty cache: the cache's entry for the job."""
     cache = tempfile.mkdtemp(dir=tmp, prefix="cache-")
     cmd = [sys.executable, "-m", "kvhybrid.launch.cli", "-n", str(args.workers),
@@ -116,25 +115,70 @@ def tuned(args, model: str, tmp: str) -> dict:
     start = out.index("shape tuning:")
     entry["table"] = out[start:out.index("\n", out.index("chosen:", start))]
     entry["run_seconds"] = seconds
-    log.info("tuning: %s --tune: %s in %.0f s of tuning", model, entry["shape"],
-             entry["seconds"])
+    log.info("tuning: %s round %d/%d, --tune: %s in %.0f s of tuning", model, rnd + 1,
+             args.rounds, entry["shape"], entry["seconds"])
     return entry
+
+
+def measure(args, model: str, tmp: str) -> dict:
+    """``--rounds`` rounds of a sweep and a ``--tune``, their order alternated."""
+    found: Dict[str, dict] = {}
+    sweeps, tunes = [], []
+    for rnd in range(args.rounds):
+        for what in (("sweep", "tune") if rnd % 2 == 0 else ("tune", "sweep")):
+            if what == "sweep":
+                sweeps.append(sweep_round(args, model, tmp, rnd, found))
+            else:
+                tunes.append(tuned(args, model, tmp, rnd))
+    for entry in found.values():
+        ok = all(entry["rounds_ms"])
+        entry["ms_per_step"] = statistics.median(entry["rounds_ms"]) if ok else None
+    return {"sweep": found, "sweep_seconds": sweeps, "tunes": tunes, "steps": args.steps,
+            "warmup": args.warmup}
+
+
+def _spread(values: List[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def long_enough(result: dict, share: float = TIME_SHARE) -> Optional[int]:
+    """The job length (steps) at which the median tuning takes ``share`` of a sweep: a
+    sweep job costs its start-up plus its steps (each shape's measured ms per step), a
+    trial's cost does not grow with the job."""
+    jobs = [v for v in result["sweep"].values() if v["ms_per_step"]]
+    if len(jobs) != len(result["sweep"]):
+        return None
+    steps = result["steps"] + result["warmup"]
+    startup = sum(statistics.median(v["job_seconds"]) - steps * v["ms_per_step"] / 1e3
+                  for v in jobs)
+    per_step = sum(v["ms_per_step"] / 1e3 for v in jobs)
+    tuning = statistics.median(t["seconds"] for t in result["tunes"])
+    return max(0, math.ceil((tuning / share - startup) / per_step))
 
 
 def summarize(result: dict) -> dict:
     from kvhybrid.launch.shape_tune import Shape
     sweep_ms = {k: v["ms_per_step"] for k, v in result["sweep"].items() if v["ms_per_step"]}
     best = min(sweep_ms, key=sweep_ms.get)
-    pick = Shape(**result["tune"]["shape"]).describe()
-    sweep_seconds = sum(v["seconds"] for v in result["sweep"].values())
-    return {"best": best, "pick": pick,
-            "ratio": sweep_ms[best] / sweep_ms[pick] if pick in sweep_ms else None,
-            "time_ratio": result["tune"]["seconds"] / sweep_seconds,
+    sweep_seconds = statistics.mean(result["sweep_seconds"])
+    picks = [Shape(**t["shape"]).describe() for t in result["tunes"]]
+    # a pick that failed in the sweep has no ratio: the page names it
+    ratios = [sweep_ms[best] / sweep_ms[p] for p in picks if p in sweep_ms]
+    return {"best": best, "picks": picks,
+            "ratio": _spread(ratios) if ratios else {"median": 0.0, "min": 0.0, "max": 0.0},
+            "picks_failed_in_sweep": sum(p not in sweep_ms for p in picks),
+            "time_ratio": _spread([t["seconds"] / sweep_seconds for t in result["tunes"]]),
             # the shapes' trials alone, without the pick's partition search
-            "shape_time_ratio": result["tune"].get("shape_seconds", result["tune"]["seconds"])
-            / sweep_seconds,
+            "shape_time_ratio": _spread([t.get("shape_seconds", t["seconds"]) / sweep_seconds
+                                         for t in result["tunes"]]),
             "sweep_seconds": sweep_seconds,
-            "trials": sum(t["trial"] is not None for t in result["tune"]["trials"])}
+            "trials": _spread([sum(x["trial"] is not None for x in t["trials"])
+                               for t in result["tunes"]]),
+            "long_enough": long_enough(result)}
+
+
+def _range(s: dict, digits: int = 2) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
 def report(results: Dict[str, dict], args) -> str:
@@ -142,38 +186,46 @@ def report(results: Dict[str, dict], args) -> str:
     lines = [f"# Shape tuning: `kvhybrid-launch --tune` against a sweep of every shape, {where}",
              "",
              f"`benchmarks.model_worker` on `hybrid-mpi`, {args.workers} workers ({where}), "
-             f"{args.steps} steps per job, {args.tokens} tokens per sample; ms per step: rank "
-             f"0's median after 3 warm-up steps; the sweep: the median of {args.rounds} "
-             f"job{'s' if args.rounds > 1 else ''} per shape (the shapes in turn) at the "
-             "default partition count, its time that of one sweep; `--tune` with an empty "
-             f"cache and `--tune-budget {args.budget:.0f}`, each trial one job. Where a "
-             "trial's time differs from its shape's in the sweep, that is run-to-run noise, "
-             "which the pick inherits.", "",
-             "| model | pick (`--tune`) | sweep's best | pick's throughput ÷ best's | trials "
-             "| tuning's time ÷ sweep's: shapes | with the partition search |",
-             "|---|---|---|---|---|---|---|"]
+             f"jobs of {args.warmup} + {args.steps} steps, {args.tokens} tokens per sample. "
+             f"{args.rounds} round{'s' if args.rounds > 1 else ''} per model, each a sweep (every "
+             "shape in turn, each a whole job, at the default partition count) and a `--tune` "
+             f"with an empty cache and `--tune-budget {args.budget:.0f}`, their order "
+             "alternated. ms per step: rank 0's median after 3 warm-up steps, a sweep's shape "
+             "at its median over the rounds. A trial stops once 24 steps have begun, whatever "
+             "the job's length: the tuning's share of a sweep's time falls as jobs grow; the "
+             f"last column is the job length at which it is {TIME_SHARE:.0%} (each shape's "
+             "start-up and ms per step as measured). Where the pick differs from the sweep's "
+             "best by less than the sweep's own spread between rounds, that is run-to-run "
+             "noise, which the pick inherits.", "",
+             "| model | sweep's best | picks (per round) | pick's throughput ÷ best's, median "
+             "(range) | trials, median (max) | tuning's time ÷ sweep's: shapes | with the "
+             f"partition search | a job long enough for {TIME_SHARE:.0%} |",
+             "|---|---|---|---|---|---|---|---|"]
     for model, r in results.items():
         s = r["summary"]
-        ratio = f"**{s['ratio']:.3f}**" if s["ratio"] else "– (the pick failed in the sweep)"
-        shapes = r["tune"].get("shape_seconds", r["tune"]["seconds"])
-        lines.append(f"| {model} | {s['pick']} | {s['best']} | {ratio} | {s['trials']} | "
-                     f"{s['shape_time_ratio']:.2f} ({shapes:.0f} s ÷ "
-                     f"{s['sweep_seconds']:.0f} s) | {s['time_ratio']:.2f} "
-                     f"({r['tune']['seconds']:.0f} s) |")
+        enough = f"{s['long_enough']:,} steps" if s["long_enough"] is not None else "–"
+        failed = (f" ({s['picks_failed_in_sweep']} pick(s) failed in the sweep)"
+                  if s["picks_failed_in_sweep"] else "")
+        lines.append(f"| {model} | {s['best']} | {'; '.join(s['picks'])} | "
+                     f"**{_range(s['ratio'], 3)}**{failed} | {s['trials']['median']:.0f} "
+                     f"({s['trials']['max']:.0f}) | {_range(s['shape_time_ratio'])} | "
+                     f"{_range(s['time_ratio'])} (sweep {s['sweep_seconds']:.0f} s) | {enough} |")
     for model, r in results.items():
         lines += ["", f"## {model}: the sweep", "",
-                  "| shape | ms per step (median) | every job's | ÷ best |", "|---|---|---|---|"]
+                  "| shape | ms per step (median) | every round's | ÷ best | a job's seconds |",
+                  "|---|---|---|---|---|"]
         best = r["sweep"][r["summary"]["best"]]["ms_per_step"]
         for name, v in r["sweep"].items():
             ms = v["ms_per_step"]
             tag = (" (best)" if name == r["summary"]["best"] else "") + \
-                  (" ← pick" if name == r["summary"]["pick"] else "")
-            each = ", ".join(f"{x:.1f}" for x in v.get("rounds_ms", [])) or "–"
+                  (" ← picked" if name in r["summary"]["picks"] else "")
+            each = ", ".join(f"{x:.1f}" if x else "failed" for x in v["rounds_ms"])
             lines.append(f"| {name}{tag} | {f'{ms:.2f}' if ms else 'failed'} | {each} | "
-                         f"{f'{ms / best:.3f}' if ms else '–'} |")
-        lines += ["", f"## {model}: the trials of `--tune` (its own table)", "", "```",
-                  r["tune"]["table"], "```", "",
-                  r["tune"]["partition_search"].replace("\n", "; ")]
+                         f"{f'{ms / best:.3f}' if ms else '–'} | "
+                         f"{statistics.median(v['job_seconds']):.1f} |")
+        for rnd, t in enumerate(r["tunes"]):
+            lines += ["", f"## {model}: `--tune`, round {rnd + 1} (its own table)", "", "```",
+                      t["table"], "```", "", t["partition_search"].replace("\n", "; ")]
     return "\n".join(lines + ["", *footer("tuning")]) + "\n"
 
 
@@ -187,14 +239,14 @@ def plot(results: Dict[str, dict], path: Path) -> None:
     for ax, (model, r) in zip(axes[0], results.items()):
         names = list(r["sweep"])
         ms = [r["sweep"][n]["ms_per_step"] or 0 for n in names]
-        tried = {json.dumps(t["shape"], sort_keys=True): t for t in r["tune"]["trials"]
-                 if t["trial"] is not None}
-        colours = ["tab:red" if n == r["summary"]["pick"] else
+        tried = {json.dumps(x["shape"], sort_keys=True) for t in r["tunes"] for x in t["trials"]
+                 if x["trial"] is not None}
+        colours = ["tab:red" if n in r["summary"]["picks"] else
                    "tab:blue" if json.dumps(r["sweep"][n]["shape"], sort_keys=True) in tried
                    else "lightgrey" for n in names]
         ax.bar(range(len(names)), ms, color=colours)
         ax.set_xticks(range(len(names)), [n.replace(", ", "\n") for n in names], fontsize=7)
-        ax.set_title(f"{model}: red = pick, blue = tried, grey = pruned/untried", fontsize=8)
+        ax.set_title(f"{model}: red = picked, blue = tried, grey = pruned/untried", fontsize=8)
         ax.set_ylabel("ms per step in the sweep (lower is better)")
         ax.grid(alpha=0.3, axis="y")
     save_figure(fig, path)
@@ -204,11 +256,13 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["lm"])
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=300, help="a job's timed steps (the sweep runs "
+                   "each shape's whole job; a trial stops after 24)")
     p.add_argument("--warmup", type=int, default=5, help="the worker's untimed first steps")
     p.add_argument("--tokens", type=int, default=50)
     p.add_argument("--budget", type=float, default=600, help="--tune-budget, seconds")
-    p.add_argument("--rounds", type=int, default=2, help="jobs per shape in the sweep")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds per model: a sweep and a --tune each, their order alternated")
     p.add_argument("--timeout", type=float, default=300, help="seconds per sweep job")
     add_host_args(p)
     p.add_argument("--out", default="docs/benchmarks")
@@ -224,7 +278,7 @@ def main(argv=None) -> None:
         args.launcher_args = launcher_args_on_hosts(stack, args.hosts, args.rate, args.delay,
                                                     args.workers, tmp)
         for model in args.models:
-            r = {"sweep": sweep(args, model, tmp), "tune": tuned(args, model, tmp)}
+            r = measure(args, model, tmp)
             r["summary"] = summarize(r)
             results[model] = r
     out = {"where": setting_name(args.hosts, args.rate, args.workers, args.delay),

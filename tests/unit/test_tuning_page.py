@@ -1,34 +1,55 @@
-"""benchmarks.tuning's page from made-up results: the pick against the sweep's best, the
-tuning's time against the sweep's, and the provenance every page ends with."""
+"""benchmarks.tuning's page from made-up results: each round's pick against the sweep's
+best, the tuning's time against a sweep's, the job length at which the tuning is 15 % of a
+sweep, and the provenance every page ends with."""
 import argparse
+
+import pytest
 
 from benchmarks import tuning
 
+MPI = {"clients": 1, "servers": 0, "row_masters": "group"}
+PS = {"clients": 4, "servers": 1, "row_masters": "group"}
+
 
 def fake_result():
-    sweep = {"1 group, 0 servers (pure MPI)": {"shape": {"clients": 1, "servers": 0,
-                                                         "row_masters": "group"},
-                                               "ms_per_step": 20.0, "seconds": 10.0},
-             "4 groups, 1 server": {"shape": {"clients": 4, "servers": 1, "row_masters": "group"},
-                                    "ms_per_step": 16.0, "seconds": 12.0}}
-    tune = {"shape": {"clients": 1, "servers": 0, "row_masters": "group"}, "seconds": 11.0,
-            "shape_seconds": 5.5,
-            "trials": [{"shape": sweep[k]["shape"], "trial": i + 1} for i, k in enumerate(sweep)],
-            "table": "shape tuning: ...", "partition_search": "dense-only model\npartitions: -"}
-    r = {"sweep": sweep, "tune": tune}
+    # 10 steps a job (5 + 5): pure MPI 20 ms a step and 4 s of start-up, all-PS 16 ms and 5 s
+    sweep = {"1 group, 0 servers (pure MPI)": {"shape": MPI, "rounds_ms": [19.0, 20.0, 21.0],
+                                               "job_seconds": [4.2] * 3, "ms_per_step": 20.0},
+             "4 groups, 1 server": {"shape": PS, "rounds_ms": [16.0, 15.0, 17.0],
+                                    "job_seconds": [5.16] * 3, "ms_per_step": 16.0}}
+    trials = [{"shape": MPI, "trial": 1}, {"shape": PS, "trial": 2}]
+    tunes = [{"shape": shape, "seconds": seconds, "shape_seconds": seconds / 2,
+              "trials": trials, "table": "shape tuning: ...",
+              "partition_search": "dense-only model\npartitions: -"}
+             for shape, seconds in ((MPI, 9.36), (PS, 4.68), (PS, 4.68))]
+    r = {"sweep": sweep, "sweep_seconds": [9.36] * 3, "tunes": tunes, "steps": 5, "warmup": 5}
     r["summary"] = tuning.summarize(r)
     return r
 
 
-def test_the_page_compares_the_pick_with_the_sweeps_best(tmp_path):
+def test_the_page_compares_each_pick_with_the_sweeps_best(tmp_path):
     r = fake_result()
-    assert r["summary"]["best"] == "4 groups, 1 server"
-    assert r["summary"]["ratio"] == 16.0 / 20.0 and r["summary"]["time_ratio"] == 0.5
-    args = argparse.Namespace(hosts=0, rate="1gbit", workers=4, delay=None, steps=30,
-                              tokens=50, budget=600.0, rounds=1)
+    s = r["summary"]
+    assert s["best"] == "4 groups, 1 server" and s["picks"][0] == "1 group, 0 servers (pure MPI)"
+    assert s["ratio"] == {"median": 1.0, "min": 0.8, "max": 1.0}
+    assert s["time_ratio"]["median"] == 0.5 and s["time_ratio"]["max"] == 1.0
+    # 4.68 s of tuning is 15 % of a 31.2 s sweep: 9 s of start-up + 36 ms a step of both
+    assert s["long_enough"] == pytest.approx(617, abs=1)
+    args = argparse.Namespace(hosts=0, rate="1gbit", workers=4, delay=None, steps=5, warmup=5,
+                              tokens=50, budget=600.0, rounds=3)
     page = tuning.report({"lm": r}, args)
-    assert "| lm | 1 group, 0 servers (pure MPI) | 4 groups, 1 server | **0.800** | 2 | " \
-           "0.25 (6 s ÷ 22 s) | 0.50 (11 s) |" in page
+    assert "| lm | 4 groups, 1 server | 1 group, 0 servers (pure MPI); 4 groups, 1 server; " \
+           "4 groups, 1 server | **1.000 (0.800–1.000)** | 2 (2) | 0.25 (0.25–0.50) | " \
+           "0.50 (0.50–1.00) (sweep 9 s) | 617 steps |" in page
+    assert "| 4 groups, 1 server (best) ← picked | 16.00 | 16.0, 15.0, 17.0 | 1.000 | 5.2 |" \
+        in page
+    assert "## lm: `--tune`, round 3 (its own table)" in page
     assert "Command: `python -m benchmarks.tuning" in page and "Measured: " in page
     tuning.plot({"lm": r}, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 5_000
+
+
+def test_no_job_length_is_claimed_when_a_shape_failed_in_the_sweep():
+    r = fake_result()
+    r["sweep"]["4 groups, 1 server"].update(rounds_ms=[16.0, None, 17.0], ms_per_step=None)
+    assert tuning.long_enough(r) is None
