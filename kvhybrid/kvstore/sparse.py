@@ -96,16 +96,26 @@ class RowTables:
         self.slots[key] = slot
         placement.note_rows(self.slots)
 
-    def move_rows_to_servers(self, key: Key, slot: KeySlot) -> None:
-        """A dense weight's first row_sparse gradient with several client groups: its rows
-        move to the servers, as a row_sparse table (every group holds the same weight at
-        this point)."""
-        self.check_table_rows(key, slot.shape[0])
-        if self.placement.servers is not None:
-            self.placement.servers.init_rows(key, slot.value, self.config.partitions)
-        slot.rows_on_servers = True
+    def place_table(self, key: Key, slot: KeySlot, route: str) -> None:
+        """Put ``key``'s table where ``route`` reads it, once, as the route is chosen: a dense
+        weight's rows onto the servers for 'servers' (several client groups; every group
+        holds the same weight now), the whole table on every rank for 'dense'."""
+        if route == "servers" and not slot.rows_on_servers:
+            self.check_table_rows(key, slot.shape[0])
+            if self.placement.servers is not None:
+                self.placement.servers.init_rows(key, slot.value, self.config.partitions)
+            slot.rows_on_servers = True
+        elif route == "dense":
+            if slot.rows_on_servers:
+                if slot.value is None:
+                    slot.value = zeros(slot.shape, mx.cpu(), slot.dtype)
+                self.pulls.pull_table(key, slot, slot.value)
+                slot.rows_on_servers = False
+        else:
+            return
         self.placement.note_rows(self.slots)
         self.calls.forget()   # checked pushpull calls of this key no longer hold
+
     # -- routes (Parallax §3.1; routing.py) ------------------------------------------------------
     def choose_route(self, key: Key, slot: KeySlot) -> str:
         """A row_sparse key's route, at its first push (before any optimizer state exists):
@@ -139,19 +149,7 @@ class RowTables:
             route, text = decision.route, decision.describe(key)
         if group.rank == 0:
             log.info("route of row_sparse %s", text)
-        if route == "dense":
-            self._hold_table(key, slot)
         return route
-
-    def _hold_table(self, key: Key, slot: KeySlot) -> None:
-        """Every rank keeps the whole table from now on (it may live on the servers)."""
-        if slot.rows_on_servers:
-            if slot.value is None:
-                slot.value = zeros(slot.shape, mx.cpu(), slot.dtype)
-            self.pulls.pull_table(key, slot, slot.value)
-            slot.rows_on_servers = False
-            self.placement.note_rows(self.slots)
-        self.calls.forget()
 
     def _forced_route(self, key: Key) -> Optional[str]:
         routes = self.config.routes

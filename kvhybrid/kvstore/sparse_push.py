@@ -193,12 +193,11 @@ class RowPushes:
 
     def _route(self, key: Key, slot: KeySlot) -> str:
         """``key``'s route, chosen at its first push (α of that push, counted by
-        ``_read_rows``: never in place); a dense weight's rows move to the servers at its
-        first row_sparse gradient with several client groups."""
+        ``_read_rows``: never in place), its table then put where the route reads it."""
         if slot.route is None:
-            slot.route = self.tables.choose_route(key, slot)
-        if slot.route == "servers" and not slot.rows_on_servers:
-            self.tables.move_rows_to_servers(key, slot)
+            route = self.tables.choose_route(key, slot)
+            self.tables.place_table(key, slot, route)
+            slot.route = route   # (only once placed: a failed move is tried again)
         return slot.route
 
     def _read_rows(self, key: Key, slot: KeySlot, arrays, in_place: bool) -> PushOfRows:
