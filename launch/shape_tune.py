@@ -142,15 +142,22 @@ class Grid:
 
     def neighbours(self, shape: Shape) -> List[Shape]:
         """Allowed shapes one knob away: one level more or fewer groups (servers added
-        when more groups would have none), servers, or the other row masters."""
+        when more groups would have none), servers, or the other row masters. Several groups
+        become one group with either row masters: rows by host keeps the per-host sums that
+        a group per host made."""
         cl, sl = self.client_levels, self.server_levels
         ci, si = cl.index(shape.clients), sl.index(shape.servers)
         found = []
         for j in (ci - 1, ci + 1):
             if 0 <= j < len(cl):
                 servers = shape.servers or (self.hosts if cl[j] > 1 else 0)
-                found.append(Shape(cl[j], servers,
-                                   shape.row_masters if cl[j] == 1 else "group"))
+                if cl[j] > 1:
+                    masters = ["group"]
+                elif shape.clients > 1 and servers and self.hosts > 1:
+                    masters = ["group", "host"]
+                else:
+                    masters = [shape.row_masters]
+                found.extend(Shape(cl[j], servers, m) for m in masters)
         for j in (si - 1, si + 1):
             if 0 <= j < len(sl):
                 host = shape.row_masters == "host" and sl[j] > 0

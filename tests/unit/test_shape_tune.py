@@ -34,6 +34,9 @@ def test_the_grid_lists_every_shape_and_why_some_are_not_allowed():
     two = Grid(4, 2)
     assert len(two.allowed()) == 9 and Shape(1, 2, "host") in two.allowed()
     assert Shape(1, 2, "host") in two.neighbours(Shape(1, 2))
+    # a group per host becomes one group with either row masters
+    assert {Shape(1, 2), Shape(1, 2, "host")} <= set(two.neighbours(Shape(2, 2)))
+    assert Shape(1, 1, "host") not in Grid(4, 1).neighbours(Shape(4, 1))
     assert Grid(6, 4).why_not(Shape(4, 4)) == "6 workers do not split into 4 equal groups"
     with pytest.raises(ValueError, match="row_masters"):
         Shape(1, 1, "rank")
@@ -216,3 +219,15 @@ def test_a_job_shorter_than_a_trial_is_measured_from_its_end(tmp_path):
                                shape_tune.Budget(600.0), str(tmp_path))
     stats, reason, _ = trials.run(Shape(1, 0))
     assert reason == "" and stats["seconds"] == pytest.approx(0.03)
+
+
+def test_a_group_per_host_leads_on_to_one_group_with_rows_by_host():
+    """Two knobs apart on the grid, yet the nearest shape in traffic: both sum rows per host."""
+    grid = Grid(4, 2)
+    times = {s: 0.030 for s in grid.allowed()}
+    times.update({Shape(1, 0): 0.060, Shape(4, 2): 0.021, Shape(2, 2): 0.019,
+                  Shape(1, 2, "host"): 0.017})
+    search = ShapeSearch(grid)
+    tried = run_search(search, times)
+    assert Shape(1, 2, "host") in tried and search.best() == Shape(1, 2, "host")
+    assert len(tried) <= shape_tune.MAX_TRIALS
