@@ -646,11 +646,26 @@ def pull_rows_alone(key: Key, out: NDArray, ids: np.ndarray, row_ids: Optional[N
     if not len(ids):   # (MXNet's pull rejects no ids: an out with no rows)
         new_host_row_sparse(ids, out.shape, out.dtype)[0].copyto(out)
         return
-    as_handed = row_ids is not None and np.dtype(row_ids.dtype) in _IDS_AS_HANDED
-    servers.pull_rows_in_engine(key, row_ids if as_handed else host_array(ids, np.int64), out)
+    if _every_row(ids, out.shape[0]):   # (an eval's or a checkpoint's: the link may keep it)
+        servers.pull_every_row_in_engine(key, out)
+    elif servers.holds_table(key):      # (a pull after that, before the next push)
+        ids = unique_ids(ids, out.shape[0])
+        host_row_sparse(servers.pull_rows(key, ids, out.shape, out.dtype), ids, out.shape,
+                        out.dtype).copyto(out)
+        return
+    else:
+        as_handed = row_ids is not None and np.dtype(row_ids.dtype) in _IDS_AS_HANDED
+        servers.pull_rows_in_engine(key, row_ids if as_handed else host_array(ids, np.int64),
+                                    out)
     done = group.watchdog.watch(lambda: f"the parameter servers' rows of key {key!r}",
                                 outward=True)
     when_ready(f"rows of key {key!r}", [out], done)
+
+
+def _every_row(ids: np.ndarray, rows: int) -> bool:
+    """Whether the checked ``ids`` (sorted or as they came) are every row, in order."""
+    return len(ids) == rows and ids[0] == 0 and ids[-1] == rows - 1 \
+        and bool((ids[1:] > ids[:-1]).all())
 
 
 def write_rows(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray], mine: np.ndarray,

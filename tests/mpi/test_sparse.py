@@ -314,24 +314,37 @@ def test_a_repeated_pull_of_row_sparse_outs_only_is_still_agreed(tmp_path):
     assert got[0]["message"] == got[1]["message"]
 
 
-def test_a_pull_of_every_row_beside_pulls_of_some_rows_gives_each_rank_its_rows(tmp_path):
+@pytest.mark.parametrize("clients", [1, 3], ids=["one group", "a group per worker"])
+def test_a_pull_of_every_row_beside_pulls_of_some_rows_gives_each_rank_its_rows(tmp_path,
+                                                                                 clients):
     """Rank 0 pulls every row, rank 1 some (unsorted, repeated), rank 2 none, in one call:
     before the table's first push and after it, each rank gets the servers' values of the
-    rows it asked for; then every rank pulls every row."""
-    r = run_launcher(["-n", 3, "--servers", 1], "pull_every_row.py", [tmp_path], timeout=120)
+    rows it asked for; then every rank pulls every row. Pulls after that and before the
+    next push are served from the master's copy of the table, with no request to the
+    servers; after the next push a pull of every row has the new values."""
+    r = run_launcher(["-n", 3, "--clients", clients, "--servers", 1], "pull_every_row.py", [tmp_path], timeout=120)
     assert r.returncode == 0, r.output[-3000:]
     rows, width = 20, 4
     pushed = np.ones((rows, width))   # SGD (lr 1) of each rank's ones in rows r and 10 + r
     for rank in range(3):
         pushed[[rank, 10 + rank]] -= 1
+    twice = pushed.copy()
+    for rank in range(3):
+        twice[[rank, 10 + rank]] -= 1
     asked = {0: list(range(rows)), 1: [1, 3], 2: []}
     for rank in range(3):
         got = json.load(open(tmp_path / f"every-rank{rank}.json"))
         for when, table in (("before_push", np.ones((rows, width))), ("after_push", pushed)):
             assert got[when]["ids"] == asked[rank], (rank, when, got[when])
             assert got[when]["rows"] == table[asked[rank]].tolist(), (rank, when, got[when])
-        assert got["all_every_row"]["ids"] == list(range(rows)), got["all_every_row"]
-        assert got["all_every_row"]["rows"] == pushed.tolist(), got["all_every_row"]
+        for when, ids, table in (("all_every_row", list(range(rows)), pushed),
+                                 ("again_every_row", list(range(rows)), pushed),
+                                 ("again_some", [2, 7], pushed),
+                                 ("pushed_again", list(range(rows)), twice)):
+            assert got[when]["ids"] == ids, (rank, when, got[when])
+            assert got[when]["rows"] == table[ids].tolist(), (rank, when, got[when])
+        # until the next push, the master's table of a pull of every row serves every pull
+        assert got["requests_sent"] == 0, (rank, got["requests_sent"])
 
 
 def test_a_prefetching_push_does_not_wait_for_a_late_master_and_pulls_updated_rows(tmp_path):

@@ -36,6 +36,7 @@ from mxnet.ndarray import NDArray
 from ...errors import KeyValueError
 from ...tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_row_sparse,
                                                 host_view, wait_to_write)
+from ...tensor_collectives.operators import copy as copy_array
 from ...tensor_collectives.watchdog import Watchdog, current_step
 from ..keys import Key
 from . import packs
@@ -172,6 +173,9 @@ class ServerLink:
         self._packed: Dict[Key, Tuple[packs.Pack, int]] = {}
         self._wires: Dict[Key, Tuple[NDArray, np.ndarray]] = {}   # unpacked keys' arrays
         self._row_wires: Dict[Key, NDArray] = {}                  # see rows_wire
+        #: per key, its whole table as this master last pulled it, until it writes the key
+        #: (``_keep``)
+        self._tables: Dict[Key, _Kept] = {}
         self._shapes: Dict[Key, Tuple[tuple, np.dtype]] = {}      # dense keys' shape, dtype
         self._requests = 0   # see requests
         #: pieces of work with this link handed to another thread and not yet done
@@ -287,6 +291,7 @@ class ServerLink:
             raise KeyValueError(f"key {key!r} cannot be split into pieces on the servers (only "
                                 f"int keys below {PIECE_STRIDE // 2} and the first "
                                 f"{PIECE_STRIDE // 2} str keys can): set KVHYBRID_PARTITIONS=1")
+        self._tables.pop(key, None)
         bounds = self._bounds[key] = piece_bounds(value.shape[0], pieces)
         for i in range(pieces):
             lo, hi = int(bounds[i]), int(bounds[i + 1])
@@ -314,6 +319,7 @@ class ServerLink:
         of every piece, so a piece this group did not touch gets an empty push; in async
         mode only the pieces touched are pushed."""
         index, bounds = self._ids[key], self._bounds[key]
+        self._tables.pop(key, None)
         with self._waiting(lambda: f"the parameter servers to take the rows of key {key!r} "
                                    f"(scheduler at {scheduler_address()})"):
             for i, first, part in self._pieces(key, ids):
@@ -330,10 +336,43 @@ class ServerLink:
     @_in_order
     def pull_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> np.ndarray:
         """The servers' current rows ``ids`` (sorted, unique, non-empty) of ``key``: only the
-        pieces that hold some of them are asked."""
+        pieces that hold some of them are asked, or none where this master keeps the key's
+        table (``_keep``: an eval's pull of every row, then a checkpoint's, cost one round
+        trip)."""
         with self._waiting(lambda: f"the parameter servers to return {len(ids)} rows of key "
                                    f"{key!r} (scheduler at {scheduler_address()})"):
-            return self.start_pull_rows(key, ids, shape, dtype)()
+            kept = self._tables.get(key)
+            if kept is not None:
+                table = kept.rows()
+                return table if len(ids) == len(table) else table[ids]
+            outs = self._ask_rows(key, ids, shape, dtype)
+            if len(ids) == shape[0]:
+                return self._keep(key, _Kept(outs, shape, dtype)).rows()
+            return _read_rows(outs, shape, dtype)
+
+    @_in_order
+    def pull_every_row_in_engine(self, key: Key, out: NDArray) -> None:
+        """Every row of ``key``'s one piece into the row_sparse array ``out`` through MXNet's
+        engine (whoever reads ``out`` waits for them there), or an engine copy of the
+        table this master keeps."""
+        kept = self._tables.get(key)
+        if kept is None:
+            every_row = np.arange(out.shape[0], dtype=np.int64)
+            kept = self._keep(key, _Kept(self._ask_rows(key, every_row, out.shape, out.dtype),
+                                         out.shape, out.dtype))
+        copy_array(kept.outs[0][0], out)
+
+    def _keep(self, key: Key, table: "_Kept") -> "_Kept":
+        """Keep a pull of every row of ``key`` until this master writes the key (each write
+        drops it): in sync mode the servers change a key only once every master has pushed
+        it, this one included."""
+        if self.mode == "dist_sync":
+            self._tables[key] = table
+        return table
+
+    def holds_table(self, key: Key) -> bool:
+        """Whether this master keeps ``key``'s table (``pull_rows`` sends no request)."""
+        return key in self._tables
 
     @_in_order
     def start_pull_rows(self, key: Key, ids: np.ndarray, shape, dtype):
@@ -341,6 +380,12 @@ class ServerLink:
         waits for them (it may run on another thread; its caller guards the wait). ps-lite
         sends this master's requests in order, so a pull started after a push of the same
         key gets the rows that push updated."""
+        return functools.partial(_read_rows, self._ask_rows(key, ids, shape, dtype), shape,
+                                 dtype)
+
+    def _ask_rows(self, key: Key, ids: np.ndarray, shape, dtype) -> List[Tuple[NDArray, int]]:
+        """Ask each piece that holds some of the sorted unique ``ids`` for them: (the
+        row_sparse array the rows come into, how many) per piece asked."""
         index, bounds = self._ids[key], self._bounds[key]
         outs = []
         with self._waiting(lambda: f"the parameter servers to take a pull of key {key!r} "
@@ -355,18 +400,7 @@ class ServerLink:
                     self._kv.row_sparse_pull(piece_key(index, i), out=out, row_ids=row_ids)
                 self._requests += 1
                 outs.append((out, part.stop - part.start))
-        row_shape = tuple(shape[1:])
-        width = math.prod(row_shape)
-
-        def rows() -> np.ndarray:
-            # read in place (``data`` would copy through the engine once more): MXNet sizes
-            # a row_sparse pull's out to one row per id asked for, ids sorted and unique
-            parts = []
-            for out, count in outs:
-                out.wait_to_read()
-                parts.append(host_view(out, dtype, count * width).reshape((count,) + row_shape))
-            return np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return rows
+        return outs
 
     def rows_alone(self, key: Key) -> bool:
         """Whether ``push_rows_in_engine`` can take ``key``: a table in one piece, on
@@ -386,6 +420,7 @@ class ServerLink:
         after its push: ``grad`` is overwritten). Only work handed to the communication
         thread before it is waited for (``_in_order``)."""
         kid = piece_key(self._ids[key], 0)
+        self._tables.pop(key, None)
         with self.kv_lock:
             self._kv.push(kid, grad)
             self._requests += 1
@@ -690,6 +725,7 @@ class ServerLink:
     def command(self, action: str, directory: str, token: str, keys=()) -> None:
         """Have every server save or load its optimizer states in ``directory``
         (``server.command``); returns when every server has run it."""
+        self._tables.clear()   # (a load may set values)
         with self._waiting(f"the parameter servers to {action} their optimizer states in "
                            f"{directory}"):
             self._kv.set_optimizer(Command(action, directory, token, keys))
@@ -722,6 +758,34 @@ class ServerLink:
         if self._kv is not None:
             kv, self._kv = self._kv, None
             del kv  # waits for every node; at exit the watchdog is gone, the launcher times it
+
+
+def _read_rows(outs: List[Tuple[NDArray, int]], shape, dtype) -> np.ndarray:
+    """The rows ``ServerLink._ask_rows`` asked for, once they came, read in place (``data``
+    would copy through the engine once more): MXNet sizes a row_sparse pull's out to one
+    row per id asked for, ids sorted and unique."""
+    row_shape = tuple(shape[1:])
+    width = math.prod(row_shape)
+    parts = []
+    for out, count in outs:
+        out.wait_to_read()
+        parts.append(host_view(out, dtype, count * width).reshape((count,) + row_shape))
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+class _Kept:
+    """A pull of every row of a key that its master keeps: the arrays the rows came into,
+    and the rows as one read-only numpy array once read."""
+
+    def __init__(self, outs: List[Tuple[NDArray, int]], shape, dtype):
+        self.outs, self._shape, self._dtype = outs, shape, dtype
+        self._rows: Optional[np.ndarray] = None
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._rows = _read_rows(self.outs, self._shape, self._dtype)
+            self._rows.flags.writeable = False
+        return self._rows
 
 
 class RoundTrips:

@@ -1,6 +1,8 @@
 """Pulls of every row beside pulls of some rows and of none, in one call of the group: before
 the table's first push (served on the caller's thread) and after it (served on the
-communication thread), into every rank's out, each rank's rows the servers' values.
+communication thread), into every rank's out, each rank's rows the servers' values. Then
+pulls after a pull of every row, before the next push (its kept table: no requests), and
+after that push (the new values).
 
 argv: OUT_DIR. Every rank writes OUT_DIR/every-rank{r}.json.
 """
@@ -31,6 +33,13 @@ result = {"before_push": pulled(mine[rank % 3])}
 kv.push("w", grad())
 result["after_push"] = pulled(mine[rank % 3])
 result["all_every_row"] = pulled(every)
+servers = kv.placement.servers
+requests = servers.requests if servers is not None else 0
+result["again_every_row"] = pulled(every)
+result["again_some"] = pulled(mx.nd.array([7, 2, 7], dtype="int64"))
+result["requests_sent"] = (servers.requests if servers is not None else 0) - requests
+kv.push("w", grad())
+result["pushed_again"] = pulled(every)
 kv.close()
 with open(os.path.join(out_dir, f"every-rank{rank}.json"), "w") as f:
     json.dump(result, f)
