@@ -2,7 +2,7 @@
 
     python -m benchmarks.tuning                                   # loopback, 4 workers, LM
     python -m benchmarks.tuning --models lm nmt cnn
-    python -m benchmarks.tuning --hosts 2 --rate 100mbit --name tuning_2x2_100mbit
+    python -m benchmarks.tuning --hosts 2 --rate 100mbit          # 2 emulated hosts x 2 workers
 
 For each model of ``benchmarks.model_zoo`` (``benchmarks.model_worker`` on ``hybrid-mpi``),
 ``--rounds`` rounds, each a sweep (the whole job through ``kvhybrid-launch`` once in every
@@ -14,7 +14,8 @@ steps; sweep jobs run whole). Step time: rank 0's median after the warm-up steps
 (``KVHYBRID_STATS_FILE``), at the default partition count (the tuner may then change P for
 the pick; the page says what it decided). ``--hosts N --rate R``
 runs every job on N emulated hosts (``benchmarks/cluster.py``). Writes ``NAME.{md,json,png}``
-(default ``tuning``) into ``--out``.
+(default ``tuning``) into ``--out``: one page for every setting measured, this run's setting
+replacing its earlier section and the others kept, each with its own command and date.
 """
 from __future__ import annotations
 
@@ -181,37 +182,45 @@ def _range(s: dict, digits: int = 2) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
-def report(results: Dict[str, dict], args) -> str:
-    where = setting_name(args.hosts, args.rate, args.workers, args.delay)
-    lines = [f"# Shape tuning: `kvhybrid-launch --tune` against a sweep of every shape, {where}",
-             "",
-             f"`benchmarks.model_worker` on `hybrid-mpi`, {args.workers} workers ({where}), "
-             f"jobs of {args.warmup} + {args.steps} steps, {args.tokens} tokens per sample. "
-             f"{args.rounds} round{'s' if args.rounds > 1 else ''} per model, each a sweep (every "
-             "shape in turn, each a whole job, at the default partition count) and a `--tune` "
-             f"with an empty cache and `--tune-budget {args.budget:.0f}`, their order "
-             "alternated. ms per step: rank 0's median after 3 warm-up steps, a sweep's shape "
-             "at its median over the rounds. A trial stops once 24 steps have begun, whatever "
-             "the job's length: the tuning's share of a sweep's time falls as jobs grow; the "
-             f"last column is the job length at which it is {TIME_SHARE:.0%} (each shape's "
-             "start-up and ms per step as measured). Where the pick differs from the sweep's "
-             "best by less than the sweep's own spread between rounds, that is run-to-run "
-             "noise, which the pick inherits.", "",
-             "| model | sweep's best | picks (per round) | pick's throughput ÷ best's, median "
-             "(range) | trials, median (max) | tuning's time ÷ sweep's: shapes | with the "
-             f"partition search | a job long enough for {TIME_SHARE:.0%} |",
-             "|---|---|---|---|---|---|---|---|"]
+def report(settings: Dict[str, dict]) -> str:
+    """The page: a summary row per setting and model, then each setting's sweeps and
+    ``--tune`` tables, its command and when it was measured (``settings``: ``setting``'s)."""
+    lines = ["# Shape tuning: `kvhybrid-launch --tune` against a sweep of every shape", "",
+             "`benchmarks.model_worker` on `hybrid-mpi`. Per setting and model, rounds of a "
+             "sweep (every shape in turn, each a whole job, at the default partition count) "
+             "and a `--tune` with an empty cache, their order alternated. ms per step: rank "
+             "0's median after 3 warm-up steps, a sweep's shape at its median over the rounds. "
+             "A trial stops once 24 steps have begun, whatever the job's length: the tuning's "
+             "share of a sweep's time falls as jobs grow; the last column is the job length at "
+             f"which it is {TIME_SHARE:.0%} (each shape's start-up and ms per step as "
+             "measured). Where the pick differs from the sweep's best by less than the sweep's "
+             "own spread between rounds, that is run-to-run noise, which the pick inherits.",
+             "", "| setting | model | sweep's best | picks (per round) | pick's throughput ÷ "
+             "best's, median (range) | trials, median (max) | tuning's time ÷ sweep's: shapes "
+             f"| with the partition search | a job long enough for {TIME_SHARE:.0%} |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for where, setting in settings.items():
+        for model, r in setting["models"].items():
+            s = r["summary"]
+            enough = f"{s['long_enough']:,} steps" if s["long_enough"] is not None else "–"
+            failed = (f" ({s['picks_failed_in_sweep']} pick(s) failed in the sweep)"
+                      if s["picks_failed_in_sweep"] else "")
+            lines.append(f"| {where} | {model} | {s['best']} | {'; '.join(s['picks'])} | "
+                         f"**{_range(s['ratio'], 3)}**{failed} | {s['trials']['median']:.0f} "
+                         f"({s['trials']['max']:.0f}) | {_range(s['shape_time_ratio'])} | "
+                         f"{_range(s['time_ratio'])} (sweep {s['sweep_seconds']:.0f} s) | "
+                         f"{enough} |")
+    for where, setting in settings.items():
+        lines += ["", f"## {where}", "", setting["about"], "", setting["command"],
+                  setting["measured"]]
+        lines += _setting_tables(setting["models"])
+    return "\n".join(lines) + "\n"
+
+
+def _setting_tables(results: Dict[str, dict]) -> List[str]:
+    lines = []
     for model, r in results.items():
-        s = r["summary"]
-        enough = f"{s['long_enough']:,} steps" if s["long_enough"] is not None else "–"
-        failed = (f" ({s['picks_failed_in_sweep']} pick(s) failed in the sweep)"
-                  if s["picks_failed_in_sweep"] else "")
-        lines.append(f"| {model} | {s['best']} | {'; '.join(s['picks'])} | "
-                     f"**{_range(s['ratio'], 3)}**{failed} | {s['trials']['median']:.0f} "
-                     f"({s['trials']['max']:.0f}) | {_range(s['shape_time_ratio'])} | "
-                     f"{_range(s['time_ratio'])} (sweep {s['sweep_seconds']:.0f} s) | {enough} |")
-    for model, r in results.items():
-        lines += ["", f"## {model}: the sweep", "",
+        lines += ["", f"### {model}: the sweep", "",
                   "| shape | ms per step (median) | every round's | ÷ best | a job's seconds |",
                   "|---|---|---|---|---|"]
         best = r["sweep"][r["summary"]["best"]]["ms_per_step"]
@@ -224,19 +233,49 @@ def report(results: Dict[str, dict], args) -> str:
                          f"{f'{ms / best:.3f}' if ms else '–'} | "
                          f"{statistics.median(v['job_seconds']):.1f} |")
         for rnd, t in enumerate(r["tunes"]):
-            lines += ["", f"## {model}: `--tune`, round {rnd + 1} (its own table)", "", "```",
+            lines += ["", f"### {model}: `--tune`, round {rnd + 1} (its own table)", "", "```",
                       t["table"], "```", "", t["partition_search"].replace("\n", "; ")]
-    return "\n".join(lines + ["", *footer("tuning")]) + "\n"
+    return lines
 
 
-def plot(results: Dict[str, dict], path: Path) -> None:
+def setting(results: Dict[str, dict], args) -> dict:
+    """One setting's section of the page: its results, what its jobs were, and the command
+    and provenance of the run that measured it."""
+    where = setting_name(args.hosts, args.rate, args.workers, args.delay)
+    about = (f"{args.workers} workers ({where}), jobs of {args.warmup} + {args.steps} steps, "
+             f"{args.tokens} tokens per sample, {args.rounds} round"
+             f"{'s' if args.rounds > 1 else ''} per model, `--tune-budget {args.budget:.0f}`.")
+    command, measured = footer("tuning")
+    return {"where": where, "about": about, "command": command, "measured": measured,
+            "models": results}
+
+
+def with_setting(page: Path, new: dict) -> Dict[str, dict]:
+    """The page's settings (its JSON, if any) with ``new`` in place of its setting's."""
+    settings = {}
+    if page.exists():
+        try:
+            settings = json.loads(page.read_text()).get("settings", {})
+        except (ValueError, AttributeError):
+            log.warning("tuning: %s is not a tuning page's results; starting a new one", page)
+    settings[new["where"]] = new
+    return settings
+
+
+def plot(settings: Dict[str, dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results) + 1, 4.2),
+    rows = [(where, model, r) for where, st in settings.items()
+            for model, r in st["models"].items()]
+    cols = min(3, len(rows))
+    fig, axes = plt.subplots(math.ceil(len(rows) / cols), cols,
+                             figsize=(4.5 * cols + 1, 4.2 * math.ceil(len(rows) / cols)),
                              squeeze=False)
-    for ax, (model, r) in zip(axes[0], results.items()):
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
+    for ax, (where, model, r) in zip(axes.flat, rows):
         names = list(r["sweep"])
         ms = [r["sweep"][n]["ms_per_step"] or 0 for n in names]
         tried = {json.dumps(x["shape"], sort_keys=True) for t in r["tunes"] for x in t["trials"]
@@ -246,7 +285,8 @@ def plot(results: Dict[str, dict], path: Path) -> None:
                    else "lightgrey" for n in names]
         ax.bar(range(len(names)), ms, color=colours)
         ax.set_xticks(range(len(names)), [n.replace(", ", "\n") for n in names], fontsize=7)
-        ax.set_title(f"{model}: red = picked, blue = tried, grey = pruned/untried", fontsize=8)
+        ax.set_title(f"{model}, {where}\nred = picked, blue = tried, grey = pruned/untried",
+                     fontsize=8)
         ax.set_ylabel("ms per step in the sweep (lower is better)")
         ax.grid(alpha=0.3, axis="y")
     save_figure(fig, path)
@@ -281,10 +321,9 @@ def main(argv=None) -> None:
             r = measure(args, model, tmp)
             r["summary"] = summarize(r)
             results[model] = r
-    out = {"where": setting_name(args.hosts, args.rate, args.workers, args.delay),
-           "models": results}
-    write_outputs(args.out, args.name, report(results, args), out,
-                  lambda res, path: plot(res["models"], path))
+    settings = with_setting(Path(args.out, f"{args.name}.json"), setting(results, args))
+    write_outputs(args.out, args.name, report(settings), {"settings": settings},
+                  lambda res, path: plot(res["settings"], path))
 
 
 if __name__ == "__main__":

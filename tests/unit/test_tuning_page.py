@@ -2,6 +2,7 @@
 best, the tuning's time against a sweep's, the job length at which the tuning is 15 % of a
 sweep, and the provenance every page ends with."""
 import argparse
+import json
 
 import pytest
 
@@ -37,16 +38,36 @@ def test_the_page_compares_each_pick_with_the_sweeps_best(tmp_path):
     assert s["long_enough"] == pytest.approx(617, abs=1)
     args = argparse.Namespace(hosts=0, rate="1gbit", workers=4, delay=None, steps=5, warmup=5,
                               tokens=50, budget=600.0, rounds=3)
-    page = tuning.report({"lm": r}, args)
-    assert "| lm | 4 groups, 1 server | 1 group, 0 servers (pure MPI); 4 groups, 1 server; " \
-           "4 groups, 1 server | **1.000 (0.800–1.000)** | 2 (2) | 0.25 (0.25–0.50) | " \
-           "0.50 (0.50–1.00) (sweep 9 s) | 617 steps |" in page
+    settings = tuning.with_setting(tmp_path / "none.json", tuning.setting({"lm": r}, args))
+    page = tuning.report(settings)
+    assert "| loopback | lm | 4 groups, 1 server | 1 group, 0 servers (pure MPI); 4 groups, " \
+           "1 server; 4 groups, 1 server | **1.000 (0.800–1.000)** | 2 (2) | 0.25 (0.25–0.50) " \
+           "| 0.50 (0.50–1.00) (sweep 9 s) | 617 steps |" in page
     assert "| 4 groups, 1 server (best) ← picked | 16.00 | 16.0, 15.0, 17.0 | 1.000 | 5.2 |" \
         in page
-    assert "## lm: `--tune`, round 3 (its own table)" in page
-    assert "Command: `python -m benchmarks.tuning" in page and "Measured: " in page
-    tuning.plot({"lm": r}, tmp_path / "t.png")
+    assert "### lm: `--tune`, round 3 (its own table)" in page
+    assert "\nCommand: `python -m benchmarks.tuning" in page and "\nMeasured: " in page
+    tuning.plot(settings, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 5_000
+
+
+def test_a_run_replaces_its_own_setting_and_keeps_the_others(tmp_path):
+    r = fake_result()
+    loopback = argparse.Namespace(hosts=0, rate="1gbit", workers=4, delay=None, steps=5,
+                                  warmup=5, tokens=50, budget=600.0, rounds=3)
+    hosts = argparse.Namespace(**{**vars(loopback), "hosts": 2, "rate": "100mbit"})
+    page = tmp_path / "tuning.json"
+    page.write_text(json.dumps({"settings": tuning.with_setting(
+        page, tuning.setting({"lm": r, "nmt": r}, loopback))}))
+    page.write_text(json.dumps({"settings": tuning.with_setting(
+        page, tuning.setting({"lm": r}, hosts))}))
+    again = tuning.with_setting(page, tuning.setting({"cnn": r}, loopback))
+    assert list(again) == ["loopback", "2 emulated hosts × 2 workers at 100mbit"]
+    assert list(again["loopback"]["models"]) == ["cnn"]   # (this run's models only)
+    assert list(again["2 emulated hosts × 2 workers at 100mbit"]["models"]) == ["lm"]
+    text = tuning.report(again)
+    assert "| 2 emulated hosts × 2 workers at 100mbit | lm |" in text
+    assert text.count("\nCommand: ") == 2 and text.count("\nMeasured: ") == 2
 
 
 def test_no_job_length_is_claimed_when_a_shape_failed_in_the_sweep():
