@@ -284,7 +284,10 @@ def plot(settings: Dict[str, dict], path: Path) -> None:
                    "tab:blue" if json.dumps(r["sweep"][n]["shape"], sort_keys=True) in tried
                    else "lightgrey" for n in names]
         ax.bar(range(len(names)), ms, color=colours)
-        ax.set_xticks(range(len(names)), [n.replace(", ", "\n") for n in names], fontsize=7)
+        many = len(names) > 6   # (labels side by side would overlap)
+        ax.set_xticks(range(len(names)), [n.replace(", ", "\n") for n in names],
+                      fontsize=6 if many else 7, rotation=60 if many else 0,
+                      ha="right" if many else "center")
         ax.set_title(f"{model}, {where}\nred = picked, blue = tried, grey = pruned/untried",
                      fontsize=8)
         ax.set_ylabel("ms per step in the sweep (lower is better)")
