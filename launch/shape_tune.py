@@ -256,19 +256,29 @@ class ShapeSearch:
         if best is None:
             return None
         candidates = []
-        for s in self.grid.neighbours(best):
-            o = self.outcomes[s]
-            if o.trial is not None:
-                continue
-            why = self._prune_reason(s, self.measured()[best])
-            if why:
-                o.status, o.reason = "pruned", why
-                continue
-            o.status, o.reason = "not tried", ""
-            guess = self.predict(s)
-            candidates.append((guess is not None, guess or 0.0, s))
-        # unpredictable shapes first: the model cannot rule them out
-        return min(candidates)[2] if candidates else None
+        for rank, near in enumerate(self.contenders()):
+            for s in self.grid.neighbours(near):
+                o = self.outcomes[s]
+                if o.trial is not None:
+                    continue
+                why = self._prune_reason(s, self.measured()[best])
+                if why:
+                    o.status, o.reason = "pruned", why
+                    continue
+                o.status, o.reason = "not tried", ""
+                guess = self.predict(s)
+                candidates.append((rank, guess is not None, guess or 0.0, s))
+        # the best's neighbours first, then those of shapes within the noise of it; of
+        # each, unpredictable shapes first: the model cannot rule them out
+        return min(candidates)[-1] if candidates else None
+
+    def contenders(self) -> List[Shape]:
+        """The best shape, then the measured shapes within the trials' noise of it (any of
+        them may be the fastest), fastest first."""
+        m = self.measured()
+        best = self.best()
+        return sorted((s for s in m if m[s] <= m[best] * (1 + NOISE)), key=m.get) \
+            if best else []
 
     def record(self, shape: Shape, seconds: float, wall: Optional[float] = None) -> None:
         o = self.outcomes[shape]
@@ -287,7 +297,7 @@ class ShapeSearch:
         """Label the shapes left untried: pruned against the final best, else why not
         tried."""
         best = self.best()
-        near = self.grid.neighbours(best) if best else []
+        near = {n for c in self.contenders() for n in self.grid.neighbours(c)}
         for o in self.outcomes.values():
             if o.status not in ("not tried", "pruned"):
                 continue
@@ -295,7 +305,8 @@ class ShapeSearch:
             if why:
                 o.status, o.reason = "pruned", why
             elif best is not None and o.shape not in near and o.shape not in self._opening:
-                o.status, o.reason = "not tried", "not next to the best shape"
+                o.status, o.reason = "not tried", \
+                    f"not next to the best shape or one within {NOISE:.0%} of it"
             else:
                 o.status, o.reason = "not tried", why_stopped
 

@@ -92,7 +92,8 @@ def test_a_dense_only_model_skips_one_group_with_servers():
     tried = run_search(search, times)
     assert tried == [Shape(1, 0), Shape(4, 1)]
     assert search.outcomes[Shape(1, 1)].reason.startswith("dense-only model")
-    assert search.outcomes[Shape(4, 2)].reason == "not next to the best shape"
+    assert search.outcomes[Shape(4, 2)].reason == \
+        "not next to the best shape or one within 5% of it"
 
 
 def test_a_failed_trial_is_skipped_and_the_search_goes_on():
@@ -229,5 +230,20 @@ def test_a_group_per_host_leads_on_to_one_group_with_rows_by_host():
                   Shape(1, 2, "host"): 0.017})
     search = ShapeSearch(grid)
     tried = run_search(search, times)
+    assert Shape(1, 2, "host") in tried and search.best() == Shape(1, 2, "host")
+    assert len(tried) <= shape_tune.MAX_TRIALS
+
+
+def test_the_search_also_moves_from_shapes_within_the_noise_of_the_best():
+    """A group per worker trials 3 % ahead of a group per host (as on 2 emulated hosts at
+    1 Gbit/s, where trials swing more than that): the shapes next to the group per host are
+    tried too, one group with rows by host among them, the fastest."""
+    grid = Grid(4, 2)
+    times = {s: 0.036 for s in grid.allowed()}
+    times.update({Shape(1, 0): 0.100, Shape(4, 2): 0.0286, Shape(2, 2): 0.0296,
+                  Shape(1, 2, "host"): 0.0282})
+    search = ShapeSearch(grid)
+    tried = run_search(search, times)
+    assert search.contenders()[0] == Shape(1, 2, "host")
     assert Shape(1, 2, "host") in tried and search.best() == Shape(1, 2, "host")
     assert len(tried) <= shape_tune.MAX_TRIALS
