@@ -2,7 +2,9 @@
 
 argv: STORE OUT_JSON [MODEL], STORE being hybrid-mpi or hybrid-mpi-async, MODEL "mlp"
 (the main job's MLP, the default) or "sparse" (a SparseEmbedding and an
-nn.Embedding(sparse_grad=True) feeding dense layers).
+nn.Embedding(sparse_grad=True) feeding dense layers). EPOCHS (3) sets the budget; with
+TRIALS_RUN_ON set, a --tune trial (KVHYBRID_STATS_STEPS in its environment) trains until
+the tuner stops it, so that the stop is what ends it.
 """
 import json
 import os
@@ -75,7 +77,10 @@ step_arg = 1 if "rescale_grad" in params else BATCH
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 data = gluon.data.DataLoader(gluon.data.ArrayDataset(x[rank::size], y[rank::size]),
                              batch_size=BATCH, shuffle=False, last_batch="discard")
-for epoch in range(int(os.environ.get("EPOCHS", "3"))):
+epochs = int(os.environ.get("EPOCHS", "3"))
+if os.environ.get("TRIALS_RUN_ON") and os.environ.get("KVHYBRID_STATS_STEPS"):
+    epochs = 10**6
+for epoch in range(epochs):
     for xb, yb in data:
         with autograd.record():
             loss = loss_fn(net(xb), yb)
