@@ -141,7 +141,10 @@ class Placement:
         return ps_rank, masters
 
     def close(self) -> None:
-        """Close the groups (the process's server link stays for later stores)."""
+        """Close the groups (the process's server link stays for later stores, holding no
+        table of this one's)."""
+        if self.servers is not None:
+            self.servers.forget()
         self.servers = None
         if self.row_group is not self.group:
             self.row_group.close()

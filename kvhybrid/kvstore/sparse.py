@@ -111,6 +111,8 @@ class RowTables:
                     slot.value = zeros(slot.shape, mx.cpu(), slot.dtype)
                 self.pulls.pull_table(key, slot, slot.value)
                 slot.rows_on_servers = False
+                if self.placement.servers is not None:
+                    self.placement.servers.forget(key)
         else:
             return
         self.placement.note_rows(self.slots)

@@ -174,8 +174,9 @@ class ServerLink:
         self._wires: Dict[Key, Tuple[NDArray, np.ndarray]] = {}   # unpacked keys' arrays
         self._row_wires: Dict[Key, NDArray] = {}                  # see rows_wire
         #: per key, its whole table as this master last pulled it, until it writes the key
-        #: (``_keep``)
+        #: (``_keep``); the count of its writes tells a pull that a write came while it flew
         self._tables: Dict[Key, _Kept] = {}
+        self._writes: Dict[Key, int] = {}
         self._shapes: Dict[Key, Tuple[tuple, np.dtype]] = {}      # dense keys' shape, dtype
         self._requests = 0   # see requests
         #: pieces of work with this link handed to another thread and not yet done
@@ -291,7 +292,7 @@ class ServerLink:
             raise KeyValueError(f"key {key!r} cannot be split into pieces on the servers (only "
                                 f"int keys below {PIECE_STRIDE // 2} and the first "
                                 f"{PIECE_STRIDE // 2} str keys can): set KVHYBRID_PARTITIONS=1")
-        self._tables.pop(key, None)
+        self._wrote(key)
         bounds = self._bounds[key] = piece_bounds(value.shape[0], pieces)
         for i in range(pieces):
             lo, hi = int(bounds[i]), int(bounds[i + 1])
@@ -319,7 +320,7 @@ class ServerLink:
         of every piece, so a piece this group did not touch gets an empty push; in async
         mode only the pieces touched are pushed."""
         index, bounds = self._ids[key], self._bounds[key]
-        self._tables.pop(key, None)
+        self._wrote(key)
         with self._waiting(lambda: f"the parameter servers to take the rows of key {key!r} "
                                    f"(scheduler at {scheduler_address()})"):
             for i, first, part in self._pieces(key, ids):
@@ -345,9 +346,10 @@ class ServerLink:
             if kept is not None:
                 table = kept.rows()
                 return table if len(ids) == len(table) else table[ids]
+            writes = self._writes.get(key, 0)
             outs = self._ask_rows(key, ids, shape, dtype)
             if len(ids) == shape[0]:
-                return self._keep(key, _Kept(outs, shape, dtype)).rows()
+                return self._keep(key, _Kept(outs, shape, dtype), writes).rows()
             return _read_rows(outs, shape, dtype)
 
     @_in_order
@@ -357,18 +359,32 @@ class ServerLink:
         table this master keeps."""
         kept = self._tables.get(key)
         if kept is None:
+            writes = self._writes.get(key, 0)
             every_row = np.arange(out.shape[0], dtype=np.int64)
             kept = self._keep(key, _Kept(self._ask_rows(key, every_row, out.shape, out.dtype),
-                                         out.shape, out.dtype))
+                                         out.shape, out.dtype), writes)
         copy_array(kept.outs[0][0], out)
 
-    def _keep(self, key: Key, table: "_Kept") -> "_Kept":
+    def _keep(self, key: Key, table: "_Kept", writes: int) -> "_Kept":
         """Keep a pull of every row of ``key`` until this master writes the key (each write
         drops it): in sync mode the servers change a key only once every master has pushed
-        it, this one included."""
-        if self.mode == "dist_sync":
+        it, this one included. A pull that a write of the key overtook (``writes``, the
+        count as it was asked) is not kept."""
+        if self.mode == "dist_sync" and self._writes.get(key, 0) == writes:
             self._tables[key] = table
         return table
+
+    def _wrote(self, key: Key) -> None:
+        self._writes[key] = self._writes.get(key, 0) + 1
+        self._tables.pop(key, None)
+
+    def forget(self, key: Optional[Key] = None) -> None:
+        """Drop the table kept of ``key`` (of every key: None), whose rows this store no
+        longer reads from the servers."""
+        if key is None:
+            self._tables.clear()
+        else:
+            self._tables.pop(key, None)
 
     def holds_table(self, key: Key) -> bool:
         """Whether this master keeps ``key``'s table (``pull_rows`` sends no request)."""
@@ -420,7 +436,7 @@ class ServerLink:
         after its push: ``grad`` is overwritten). Only work handed to the communication
         thread before it is waited for (``_in_order``)."""
         kid = piece_key(self._ids[key], 0)
-        self._tables.pop(key, None)
+        self._wrote(key)
         with self.kv_lock:
             self._kv.push(kid, grad)
             self._requests += 1
@@ -725,7 +741,8 @@ class ServerLink:
     def command(self, action: str, directory: str, token: str, keys=()) -> None:
         """Have every server save or load its optimizer states in ``directory``
         (``server.command``); returns when every server has run it."""
-        self._tables.clear()   # (a load may set values)
+        if action != "save":
+            self._tables.clear()   # (a load may set values)
         with self._waiting(f"the parameter servers to {action} their optimizer states in "
                            f"{directory}"):
             self._kv.set_optimizer(Command(action, directory, token, keys))
@@ -785,6 +802,8 @@ class _Kept:
         if self._rows is None:
             self._rows = _read_rows(self.outs, self._shape, self._dtype)
             self._rows.flags.writeable = False
+            if len(self.outs) > 1:   # the rows were copied out of the pieces' arrays
+                self.outs = []
         return self._rows
 
 
