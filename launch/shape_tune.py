@@ -35,7 +35,6 @@ import logging
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -485,8 +484,7 @@ class Trials:
         except ValueError as exc:   # (too few steps to drop the warm-up)
             return None, f"no steady step time: {exc}", result.wall
         except (OSError, KeyError) as exc:
-            return None, (f"no step times ({exc}): the training must use the hybrid-mpi store "
-                          "and close it"), result.wall
+            return None, f"no step times ({exc}): {tune.NO_STATS_HINT}", result.wall
         self.walls.append(result.wall)
         return data, "", result.wall
 
@@ -579,7 +577,7 @@ def tune_shape(grid: Grid, sig: str, command_for: Callable[[Shape], List[str]],
     search = ShapeSearch(grid, start=start)
     # Ctrl-C and SIGTERM stop the running trial's job too (it runs in a session of its own)
     try:
-        with signals_interrupt(), tempfile.TemporaryDirectory(prefix="kvhybrid-tune-") as tmp:
+        with signals_interrupt(), tune.trials_dir() as tmp:
             chosen, why, shape_seconds, note = _search(grid, search, command_for, budget,
                                                        partition_sig, samples, out_dir, tmp)
     except KeyboardInterrupt as exc:

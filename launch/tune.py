@@ -31,6 +31,20 @@ def cache_path() -> Path:
     return Path(base) / "partitions.json"
 
 
+def trials_dir() -> tempfile.TemporaryDirectory:
+    """A folder for the trials' stats files, beside the cache rather than in this machine's
+    /tmp: rank 0 writes them on its own host, which across machines is another one."""
+    base = cache_path().parent
+    base.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix="trials-", dir=base)
+
+
+#: why a job's stats may be missing, said after what was missing
+NO_STATS_HINT = ("the training must use the hybrid-mpi store and close it (it does at "
+                 "exit), and rank 0's host must see the launcher's KVHYBRID_CACHE_DIR "
+                 "(across machines, a folder every host shares: set KVHYBRID_CACHE_DIR)")
+
+
 def signature(command: List[str], workers: int, clients: int, servers: int) -> str:
     text = json.dumps([[os.path.basename(command[0])] + command[1:], workers, clients, servers])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -79,7 +93,7 @@ def tune(run_job: Callable[[Dict[str, str]], int], sig: str, start: int, max_p: 
     from kvhybrid.kvstore.partition_tuner import PartitionSearch, predict
 
     search = PartitionSearch(start=min(start, max_p), max_p=max_p, max_samples=max_samples)
-    with tempfile.TemporaryDirectory(prefix="kvhybrid-tune-") as tmp:
+    with trials_dir() as tmp:
         while (p := search.next()) is not None:
             n = len(search.samples) + 1
             log.info("tune %d/%d: running the job with KVHYBRID_PARTITIONS=%d ...", n,
@@ -93,8 +107,8 @@ def tune(run_job: Callable[[Dict[str, str]], int], sig: str, start: int, max_p: 
             try:
                 seconds = step_time(stats)
             except (OSError, ValueError, KeyError) as exc:
-                log.error("tune: no step times from the job with P=%d (%s): the training "
-                          "must use the hybrid-mpi store and close it (it does at exit)", p, exc)
+                log.error("tune: no step times from the job with P=%d (%s): %s", p, exc,
+                          NO_STATS_HINT)
                 return 1
             search.record(p, seconds)
             log.info("tune %d/%d: P=%d: %.2f ms per step (job took %.0f s)", n, max_samples, p,

@@ -13,9 +13,15 @@ def sparse_job(script, out):
     return ["-n", 2, "python", WORKERS / script, out, 1, 12, 5, "weight"]
 
 
+def dense_args(out) -> list:
+    """``train_budget.py``'s arguments for a tiny MLP (dense keys only): a trial trains until
+    the tuner stops it, the job in the chosen shape one epoch of a hundred small steps a
+    worker."""
+    return ["hybrid-mpi", out / "loss.json", "mlp", 1, "until-stopped"]
+
+
 def dense_job(out):
-    """A tiny MLP (dense keys only), one epoch of a hundred small steps a worker."""
-    return ["-n", 2, "python", WORKERS / "train_budget.py", "hybrid-mpi", out / "loss.json"]
+    return ["-n", 2, "python", WORKERS / "train_budget.py", *dense_args(out)]
 
 
 def shape_entry(cache):
@@ -24,9 +30,25 @@ def shape_entry(cache):
     return entry
 
 
+def assert_tuned_then_ran(output: str, cache) -> tuple:
+    """A --tune's trials were each stopped once rank 0's store had written its steps, the
+    fastest was chosen and remembered, and the job then ran in it: (the shape, the measured
+    trials)."""
+    entry = shape_entry(cache)
+    chosen = shape_tune.Shape(**entry["shape"])
+    measured = [t for t in entry["trials"] if t["status"] == "measured"]
+    assert 1 <= len(measured) <= shape_tune.MAX_TRIALS, output[-4000:]
+    steps = shape_tune.tune.WARMUP_STEPS + shape_tune.TRIAL_STEPS + 1
+    assert output.count(f" s, {steps} steps)") == len(measured), output[-4000:]
+    assert entry["ms_per_step"] == min(t["ms_per_step"] for t in measured)
+    assert f"chosen: {chosen.describe()}" in output
+    assert output.rindex("the job finished") > output.index("chosen:"), output[-4000:]
+    assert f"{chosen.clients} client group(s)" in output[output.index("chosen:"):]
+    return chosen, measured
+
+
 def test_tune_tries_shapes_picks_one_runs_in_it_and_later_runs_start_there(tmp_path):
-    # a trial trains on until the tuner stops it; the job in the chosen shape, one epoch
-    env = {"KVHYBRID_CACHE_DIR": str(tmp_path / "cache"), "EPOCHS": "1", "TRIALS_RUN_ON": "1"}
+    env = {"KVHYBRID_CACHE_DIR": str(tmp_path / "cache")}
     r = launch("--tune", *dense_job(tmp_path), env=env)
     assert r.returncode == 0, r.output[-4000:]
     assert "| trial | shape | ms per step | result |" in r.output
@@ -36,18 +58,8 @@ def test_tune_tries_shapes_picks_one_runs_in_it_and_later_runs_start_there(tmp_p
     assert "dense-only model (no row_sparse keys in the trials' stats)" in r.output
     assert "| – | 1 group, 1 server | – | pruned: dense-only model" in r.output
     assert "partitions: not searched" in r.output
-    entry = shape_entry(tmp_path / "cache")
-    chosen = shape_tune.Shape(**entry["shape"])
-    measured = [t for t in entry["trials"] if t["status"] == "measured"]
-    assert 2 <= len(measured) <= shape_tune.MAX_TRIALS
-    # each trial was stopped once rank 0's store had written its steps
-    steps = shape_tune.tune.WARMUP_STEPS + shape_tune.TRIAL_STEPS + 1
-    assert r.output.count(f" s, {steps} steps)") == len(measured), r.output[-4000:]
-    assert entry["ms_per_step"] == min(t["ms_per_step"] for t in measured)
-    assert f"chosen: {chosen.describe()}" in r.output
-    # the job itself, in the chosen shape, after the trials
-    assert r.output.rindex("the job finished") > r.output.index("chosen:")
-    assert f"{chosen.clients} client group(s)" in r.output[r.output.index("chosen:"):]
+    chosen, measured = assert_tuned_then_ran(r.output, tmp_path / "cache")
+    assert len(measured) >= 2
 
     again = launch(*dense_job(tmp_path), env=env)
     assert again.returncode == 0, again.output[-4000:]

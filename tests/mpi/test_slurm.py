@@ -73,6 +73,28 @@ def test_salloc_job_with_open_mpi_5_equals_one_process_on_the_union_batch(slurm,
     assert f"{OPEN_MPI_5.mpirun} -np 2" in client1, plan.stdout + plan.stderr
 
 
+def test_tune_inside_salloc_tries_shapes_on_the_allocation_and_runs_in_the_pick(slurm,
+                                                                               tmp_path):
+    """--tune in an allocation: the trials are the job on its two nodes through srun, each
+    stopped once rank 0's store wrote its steps; the job then runs in the fastest shape."""
+    from tests.mpi.test_shape_tune import assert_tuned_then_ran, dense_args
+    a, b = slurm.nodes
+    r = _run(slurm, ["salloc", "--quiet", "-N2", "--ntasks-per-node=2", sys.executable, "-m",
+                     "kvhybrid.launch.cli", "--launcher", "slurm", "--tune", "--tune-budget",
+                     "90", "python", WORKERS / "train_budget.py",
+                     *map(str, dense_args(tmp_path))],
+             timeout=400, extra_env={"KVHYBRID_CACHE_DIR": str(tmp_path / "cache")})
+    output = r.stdout + r.stderr
+    assert r.returncode == 0, output[-4000:]
+    assert "shape tuning: 4 workers on 2 host(s);" in output, output[-4000:]
+    assert_tuned_then_ran(output, tmp_path / "cache")
+    # the job, in the chosen shape, on both machines
+    clients = [line for line in output[output.index("chosen:"):].splitlines()
+               if line.startswith("client ")]
+    assert any(a in line for line in clients) and any(b in line for line in clients), clients
+    assert (tmp_path / "loss.json").exists()
+
+
 def test_the_documented_sbatch_script_trains_the_main_example(slurm, tmp_path):
     out = tmp_path / "job.out"
     r = _run(slurm, ["sbatch", "--wait", f"--output={out}", "examples/slurm_job.sbatch",

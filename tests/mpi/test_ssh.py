@@ -93,6 +93,29 @@ def test_a_job_over_ssh_with_a_remote_scheduler_needs_no_slurm(machines, tmp_pat
     assert f"scheduler     {a}" in r.output
 
 
+def test_tune_over_ssh_runs_each_trial_on_both_machines_and_leaves_nothing_behind(machines,
+                                                                                tmp_path):
+    """--tune over ssh: every trial is the job on the two machines, stopped once rank 0's
+    store wrote its steps (into the launcher's KVHYBRID_CACHE_DIR); the job then runs in the
+    fastest shape, and no trial leaves a process on any machine."""
+    from tests.mpi.test_shape_tune import assert_tuned_then_ran, dense_args
+    a, b = machines.hosts
+    env = {"KVHYBRID_CACHE_DIR": str(tmp_path / "cache")}
+    r = run_launcher(["-n", 4, "--launcher", "ssh", "-H", f"{a}:2,{b}:2", "--tune",
+                      "--tune-budget", 90], "train_budget.py", dense_args(tmp_path),
+                     timeout=400, env=env, via=machines.on_login([]))
+    assert r.returncode == 0, r.output[-4000:]
+    assert "shape tuning: 4 workers on 2 host(s);" in r.output, r.output[-4000:]
+    assert "of the 90 s budget" in r.output
+    chosen, _ = assert_tuned_then_ran(r.output, tmp_path / "cache")
+    # the job, in the chosen shape, on both machines
+    clients = [line for line in r.output[r.output.index("chosen:"):].splitlines()
+               if line.startswith("client ")]
+    assert any(a in line for line in clients) and any(b in line for line in clients), clients
+    assert (tmp_path / "loss.json").exists()
+    assert not _left_behind(machines)
+
+
 @MPICH.needed
 def test_mpich_groups_over_ssh_train_as_one_process(machines, tmp_path):
     """The same two groups on two machines with MPICH's mpirun (Hydra reaches each group's

@@ -1,10 +1,11 @@
 """Train a model on a fixed budget of samples; rank 0 writes its final loss.
 
-argv: STORE OUT_JSON [MODEL], STORE being hybrid-mpi or hybrid-mpi-async, MODEL "mlp"
-(the main job's MLP, the default) or "sparse" (a SparseEmbedding and an
-nn.Embedding(sparse_grad=True) feeding dense layers). EPOCHS (3) sets the budget; with
-TRIALS_RUN_ON set, a --tune trial (KVHYBRID_STATS_STEPS in its environment) trains until
-the tuner stops it, so that the stop is what ends it.
+argv: STORE OUT_JSON [MODEL [EPOCHS [until-stopped]]], STORE being hybrid-mpi or
+hybrid-mpi-async, MODEL "mlp" (the main job's MLP, the default) or "sparse" (a
+SparseEmbedding and an nn.Embedding(sparse_grad=True) feeding dense layers), EPOCHS the
+budget (default: the EPOCHS variable, else 3). "until-stopped": a --tune trial
+(KVHYBRID_STATS_STEPS in its environment) trains until the tuner stops it, so that the stop
+is what ends it.
 """
 import json
 import os
@@ -56,6 +57,9 @@ def sparse_data(n: int):
 
 store, out = sys.argv[1], sys.argv[2]
 model = sys.argv[3] if len(sys.argv) > 3 else "mlp"
+epochs = int(sys.argv[4]) if len(sys.argv) > 4 else int(os.environ.get("EPOCHS", "3"))
+if sys.argv[5:] == ["until-stopped"] and os.environ.get("KVHYBRID_STATS_STEPS"):
+    epochs = 10**6
 kv = mx.kv.create(store)
 rank, size = kv.rank, kv.num_workers
 mx.random.seed(1)
@@ -77,9 +81,6 @@ step_arg = 1 if "rescale_grad" in params else BATCH
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 data = gluon.data.DataLoader(gluon.data.ArrayDataset(x[rank::size], y[rank::size]),
                              batch_size=BATCH, shuffle=False, last_batch="discard")
-epochs = int(os.environ.get("EPOCHS", "3"))
-if os.environ.get("TRIALS_RUN_ON") and os.environ.get("KVHYBRID_STATS_STEPS"):
-    epochs = 10**6
 for epoch in range(epochs):
     for xb, yb in data:
         with autograd.record():
