@@ -5,6 +5,8 @@
     python -m benchmarks.tuning --hosts 2 --rate 100mbit          # 2 emulated hosts x 2 workers
 
 For each model of ``benchmarks.model_zoo`` (``benchmarks.model_worker`` on ``hybrid-mpi``),
+and ``module`` (``examples/train_sparse_module.py``: MXNet's Module over CSR data, Adam, a
+pull of every row and a checkpoint each epoch of 16 steps),
 ``--rounds`` rounds, each a sweep (the whole job through ``kvhybrid-launch`` once in every
 shape the hosts allow: ``launch/shape_tune.py``'s grid) and a ``kvhybrid-launch --tune`` with
 an empty cache, their order alternated. It compares each pick with the sweep's best (the
@@ -14,8 +16,9 @@ steps; sweep jobs run whole). Step time: rank 0's median after the warm-up steps
 (``KVHYBRID_STATS_FILE``), at the default partition count (the tuner may then change P for
 the pick; the page says what it decided). ``--hosts N --rate R``
 runs every job on N emulated hosts (``benchmarks/cluster.py``). Writes ``NAME.{md,json,png}``
-(default ``tuning``) into ``--out``: one page for every setting measured, this run's setting
-replacing its earlier section and the others kept, each with its own command and date.
+(default ``tuning``) into ``--out``: one page for every setting and model measured, this
+run's models replacing their earlier results in its setting and the rest kept, each model
+with its own command and date.
 """
 from __future__ import annotations
 
@@ -44,7 +47,16 @@ log = logging.getLogger("benchmarks")
 TIME_SHARE = 0.15
 
 
+#: the Module workload's script (``module``): epochs of 16 steps
+MODULE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_sparse_module.py"
+MODULE_BATCHES = 16
+
+
 def worker_command(args, model: str, out: str) -> List[str]:
+    if model == "module":   # (its warm-up steps are the first epoch's)
+        epochs = max(2, math.ceil((args.warmup + args.steps) / MODULE_BATCHES))
+        return ["python", str(MODULE_EXAMPLE), "--optimizer", "adam", "--epochs", str(epochs),
+                "--batches", str(MODULE_BATCHES), "--prefix", os.path.join(out, "module")]
     return ["python", "-m", "benchmarks.model_worker", "--model", model, "--system", "hybrid",
             "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--tokens", str(args.tokens)]
@@ -186,7 +198,10 @@ def report(settings: Dict[str, dict]) -> str:
     """The page: a summary row per setting and model, then each setting's sweeps and
     ``--tune`` tables, its command and when it was measured (``settings``: ``setting``'s)."""
     lines = ["# Shape tuning: `kvhybrid-launch --tune` against a sweep of every shape", "",
-             "`benchmarks.model_worker` on `hybrid-mpi`. Per setting and model, rounds of a "
+             "`benchmarks.model_worker` on `hybrid-mpi` (`module`: "
+             "`examples/train_sparse_module.py`, MXNet's Module over CSR data with Adam, a pull "
+             "of every row and a checkpoint each epoch of 16 steps). Per setting and model, "
+             "rounds of a "
              "sweep (every shape in turn, each a whole job, at the default partition count) "
              "and a `--tune` with an empty cache, their order alternated. ms per step: rank "
              "0's median after 3 warm-up steps, a sweep's shape at its median over the rounds. "
@@ -211,8 +226,7 @@ def report(settings: Dict[str, dict]) -> str:
                          f"{_range(s['time_ratio'])} (sweep {s['sweep_seconds']:.0f} s) | "
                          f"{enough} |")
     for where, setting in settings.items():
-        lines += ["", f"## {where}", "", setting["about"], "", setting["command"],
-                  setting["measured"]]
+        lines += ["", f"## {where}"]
         lines += _setting_tables(setting["models"])
     return "\n".join(lines) + "\n"
 
@@ -220,7 +234,8 @@ def report(settings: Dict[str, dict]) -> str:
 def _setting_tables(results: Dict[str, dict]) -> List[str]:
     lines = []
     for model, r in results.items():
-        lines += ["", f"### {model}: the sweep", "",
+        lines += ["", f"### {model}: the sweep", "", r["about"], "", r["command"], r["measured"],
+                  "",
                   "| shape | ms per step (median) | every round's | ÷ best | a job's seconds |",
                   "|---|---|---|---|---|"]
         best = r["sweep"][r["summary"]["best"]]["ms_per_step"]
@@ -239,26 +254,34 @@ def _setting_tables(results: Dict[str, dict]) -> List[str]:
 
 
 def setting(results: Dict[str, dict], args) -> dict:
-    """One setting's section of the page: its results, what its jobs were, and the command
-    and provenance of the run that measured it."""
+    """This run's part of a setting's section of the page: each model's results with what
+    its jobs were and the command and provenance of the run that measured it."""
     where = setting_name(args.hosts, args.rate, args.workers, args.delay)
     about = (f"{args.workers} workers ({where}), jobs of {args.warmup} + {args.steps} steps, "
              f"{args.tokens} tokens per sample, {args.rounds} round"
-             f"{'s' if args.rounds > 1 else ''} per model, `--tune-budget {args.budget:.0f}`.")
+             f"{'s' if args.rounds > 1 else ''}, `--tune-budget {args.budget:.0f}`.")
     command, measured = footer("tuning")
-    return {"where": where, "about": about, "command": command, "measured": measured,
-            "models": results}
+    for r in results.values():
+        r.update(about=about, command=command, measured=measured)
+    return {"where": where, "models": results}
 
 
 def with_setting(page: Path, new: dict) -> Dict[str, dict]:
-    """The page's settings (its JSON, if any) with ``new`` in place of its setting's."""
+    """The page's settings (its JSON, if any) with ``new``'s models in place of the same
+    models of its setting, the setting's other models kept."""
     settings = {}
     if page.exists():
         try:
             settings = json.loads(page.read_text()).get("settings", {})
         except (ValueError, AttributeError):
             log.warning("tuning: %s is not a tuning page's results; starting a new one", page)
-    settings[new["where"]] = new
+    for old in settings.values():   # (pages that kept a run's provenance per setting)
+        for r in old["models"].values():
+            for field in ("about", "command", "measured"):
+                r.setdefault(field, old.pop(field, None) or "")
+    models = settings.get(new["where"], {"models": {}})["models"]
+    models.update(new["models"])
+    settings[new["where"]] = {"where": new["where"], "models": models}
     return settings
 
 
@@ -297,7 +320,7 @@ def plot(settings: Dict[str, dict], path: Path) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["lm"])
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS) + ["module"], default=["lm"])
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--steps", type=int, default=300, help="a job's timed steps (the sweep runs "
                    "each shape's whole job; a trial stops after 24)")

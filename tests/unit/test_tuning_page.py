@@ -51,26 +51,53 @@ def test_the_page_compares_each_pick_with_the_sweeps_best(tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 5_000
 
 
-def test_a_run_replaces_its_own_setting_and_keeps_the_others(tmp_path):
-    r = fake_result()
+def test_a_run_replaces_its_own_models_of_its_setting_and_keeps_the_rest(tmp_path):
     loopback = argparse.Namespace(hosts=0, rate="1gbit", workers=4, delay=None, steps=5,
                                   warmup=5, tokens=50, budget=600.0, rounds=3)
     hosts = argparse.Namespace(**{**vars(loopback), "hosts": 2, "rate": "100mbit"})
     page = tmp_path / "tuning.json"
     page.write_text(json.dumps({"settings": tuning.with_setting(
-        page, tuning.setting({"lm": r, "nmt": r}, loopback))}))
+        page, tuning.setting({"lm": fake_result(), "nmt": fake_result()}, loopback))}))
     page.write_text(json.dumps({"settings": tuning.with_setting(
-        page, tuning.setting({"lm": r}, hosts))}))
-    again = tuning.with_setting(page, tuning.setting({"cnn": r}, loopback))
+        page, tuning.setting({"lm": fake_result()}, hosts))}))
+    later = argparse.Namespace(**{**vars(loopback), "steps": 7})
+    again = tuning.with_setting(page, tuning.setting({"cnn": fake_result(),
+                                                      "lm": fake_result()}, later))
     assert list(again) == ["loopback", "2 emulated hosts × 2 workers at 100mbit"]
-    assert list(again["loopback"]["models"]) == ["cnn"]   # (this run's models only)
+    assert list(again["loopback"]["models"]) == ["lm", "nmt", "cnn"]
     assert list(again["2 emulated hosts × 2 workers at 100mbit"]["models"]) == ["lm"]
+    loop = again["loopback"]["models"]
+    assert "5 + 7 steps" in loop["lm"]["about"] and "5 + 7 steps" in loop["cnn"]["about"]
+    assert "5 + 5 steps" in loop["nmt"]["about"]   # (as it was measured)
     text = tuning.report(again)
     assert "| 2 emulated hosts × 2 workers at 100mbit | lm |" in text
-    assert text.count("\nCommand: ") == 2 and text.count("\nMeasured: ") == 2
+    assert text.count("\nCommand: ") == 4 and text.count("\nMeasured: ") == 4
+
+
+def test_a_page_that_kept_its_provenance_per_setting_keeps_it_per_model(tmp_path):
+    page = tmp_path / "tuning.json"
+    page.write_text(json.dumps({"settings": {"loopback": {
+        "where": "loopback", "about": "4 workers, then", "command": "Command: `x`",
+        "measured": "Measured: then", "models": {"nmt": fake_result()}}}}))
+    args = argparse.Namespace(hosts=0, rate="1gbit", workers=4, delay=None, steps=5, warmup=5,
+                              tokens=50, budget=600.0, rounds=3)
+    settings = tuning.with_setting(page, tuning.setting({"lm": fake_result()}, args))
+    nmt = settings["loopback"]["models"]["nmt"]
+    assert (nmt["about"], nmt["command"], nmt["measured"]) == \
+        ("4 workers, then", "Command: `x`", "Measured: then")
+    assert "Measured: then" in tuning.report(settings)
 
 
 def test_no_job_length_is_claimed_when_a_shape_failed_in_the_sweep():
     r = fake_result()
     r["sweep"]["4 groups, 1 server"].update(rounds_ms=[16.0, None, 17.0], ms_per_step=None)
     assert tuning.long_enough(r) is None
+
+
+def test_the_module_workload_runs_the_example_for_at_least_the_steps_asked():
+    args = argparse.Namespace(steps=200, warmup=5, tokens=50)
+    cmd = tuning.worker_command(args, "module", "/tmp/out")
+    assert cmd[:2] == ["python", str(tuning.MODULE_EXAMPLE)] and tuning.MODULE_EXAMPLE.exists()
+    epochs, batches = int(cmd[cmd.index("--epochs") + 1]), int(cmd[cmd.index("--batches") + 1])
+    assert epochs * batches >= 205 > (epochs - 1) * batches
+    assert cmd[cmd.index("--optimizer") + 1] == "adam"
