@@ -52,10 +52,15 @@ MODULE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_sp
 MODULE_BATCHES = 16
 
 
+def module_epochs(args) -> int:
+    """The Module workload's epochs: at least the warm-up and timed steps asked for."""
+    return max(2, math.ceil((args.warmup + args.steps) / MODULE_BATCHES))
+
+
 def worker_command(args, model: str, out: str) -> List[str]:
-    if model == "module":   # (its warm-up steps are the first epoch's)
-        epochs = max(2, math.ceil((args.warmup + args.steps) / MODULE_BATCHES))
-        return ["python", str(MODULE_EXAMPLE), "--optimizer", "adam", "--epochs", str(epochs),
+    if model == "module":
+        return ["python", str(MODULE_EXAMPLE), "--optimizer", "adam",
+                "--epochs", str(module_epochs(args)),
                 "--batches", str(MODULE_BATCHES), "--prefix", os.path.join(out, "module")]
     return ["python", "-m", "benchmarks.model_worker", "--model", model, "--system", "hybrid",
             "--out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
@@ -257,12 +262,15 @@ def setting(results: Dict[str, dict], args) -> dict:
     """This run's part of a setting's section of the page: each model's results with what
     its jobs were and the command and provenance of the run that measured it."""
     where = setting_name(args.hosts, args.rate, args.workers, args.delay)
-    about = (f"{args.workers} workers ({where}), jobs of {args.warmup} + {args.steps} steps, "
-             f"{args.tokens} tokens per sample, {args.rounds} round"
-             f"{'s' if args.rounds > 1 else ''}, `--tune-budget {args.budget:.0f}`.")
+    rounds = (f"{args.rounds} round{'s' if args.rounds > 1 else ''}, "
+              f"`--tune-budget {args.budget:.0f}`.")
     command, measured = footer("tuning")
-    for r in results.values():
-        r.update(about=about, command=command, measured=measured)
+    for model, r in results.items():
+        jobs = (f"jobs of {module_epochs(args)} epochs of {MODULE_BATCHES} steps"
+                if model == "module" else
+                f"jobs of {args.warmup} + {args.steps} steps, {args.tokens} tokens per sample")
+        r.update(about=f"{args.workers} workers ({where}), {jobs}, {rounds}", command=command,
+                 measured=measured)
     return {"where": where, "models": results}
 
 
@@ -276,9 +284,10 @@ def with_setting(page: Path, new: dict) -> Dict[str, dict]:
         except (ValueError, AttributeError):
             log.warning("tuning: %s is not a tuning page's results; starting a new one", page)
     for old in settings.values():   # (pages that kept a run's provenance per setting)
+        kept = {field: old.pop(field, "") for field in ("about", "command", "measured")}
         for r in old["models"].values():
-            for field in ("about", "command", "measured"):
-                r.setdefault(field, old.pop(field, None) or "")
+            for field, value in kept.items():
+                r.setdefault(field, value)
     models = settings.get(new["where"], {"models": {}})["models"]
     models.update(new["models"])
     settings[new["where"]] = {"where": new["where"], "models": models}

@@ -78,14 +78,16 @@ def test_a_page_that_kept_its_provenance_per_setting_keeps_it_per_model(tmp_path
     page = tmp_path / "tuning.json"
     page.write_text(json.dumps({"settings": {"loopback": {
         "where": "loopback", "about": "4 workers, then", "command": "Command: `x`",
-        "measured": "Measured: then", "models": {"nmt": fake_result()}}}}))
+        "measured": "Measured: then", "models": {"nmt": fake_result(),
+                                                 "cnn": fake_result()}}}}))
     args = argparse.Namespace(hosts=0, rate="1gbit", workers=4, delay=None, steps=5, warmup=5,
                               tokens=50, budget=600.0, rounds=3)
     settings = tuning.with_setting(page, tuning.setting({"lm": fake_result()}, args))
-    nmt = settings["loopback"]["models"]["nmt"]
-    assert (nmt["about"], nmt["command"], nmt["measured"]) == \
-        ("4 workers, then", "Command: `x`", "Measured: then")
-    assert "Measured: then" in tuning.report(settings)
+    for model in ("nmt", "cnn"):
+        r = settings["loopback"]["models"][model]
+        assert (r["about"], r["command"], r["measured"]) == \
+            ("4 workers, then", "Command: `x`", "Measured: then"), model
+    assert tuning.report(settings).count("Measured: then") == 2
 
 
 def test_no_job_length_is_claimed_when_a_shape_failed_in_the_sweep():
