@@ -582,7 +582,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     shutil.rmtree(job.tmpdir, ignore_errors=True)
     sig = tune.signature(args.command, args.num_workers, plan.num_clients, plan.num_servers)
     if args.tune_partitions:
-        return tune_partitions(args, plan, sig)
+        try:
+            return tune_partitions(args, plan, sig)
+        except OSError as exc:
+            print(f"kvhybrid-launch: error: {exc}", file=sys.stderr)
+            return 2
     if plan.num_servers and not os.environ.get("KVHYBRID_PARTITIONS"):
         tuned = tune.remembered(sig)
         if tuned:

@@ -35,8 +35,13 @@ def trials_dir() -> tempfile.TemporaryDirectory:
     """A folder for the trials' stats files, beside the cache rather than in this machine's
     /tmp: rank 0 writes them on its own host, which across machines is another one."""
     base = cache_path().parent
-    base.mkdir(parents=True, exist_ok=True)
-    return tempfile.TemporaryDirectory(prefix="trials-", dir=base)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        return tempfile.TemporaryDirectory(prefix="trials-", dir=base)
+    except OSError as exc:
+        raise OSError(f"tuning writes its trials' step times under {base} "
+                      f"(KVHYBRID_CACHE_DIR), which failed: {exc.strerror or exc}; set "
+                      "KVHYBRID_CACHE_DIR to a writable folder every host sees") from exc
 
 
 #: why a job's stats may be missing, said after what was missing

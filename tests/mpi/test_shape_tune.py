@@ -30,10 +30,10 @@ def shape_entry(cache):
     return entry
 
 
-def assert_tuned_then_ran(output: str, cache) -> tuple:
+def assert_tuned_then_ran(output: str, cache, hosts=()) -> tuple:
     """A --tune's trials were each stopped once rank 0's store had written its steps, the
-    fastest was chosen and remembered, and the job then ran in it: (the shape, the measured
-    trials)."""
+    fastest was chosen and remembered, and the job then ran in it, with client groups on
+    each of ``hosts``: (the shape, the measured trials)."""
     entry = shape_entry(cache)
     chosen = shape_tune.Shape(**entry["shape"])
     measured = [t for t in entry["trials"] if t["status"] == "measured"]
@@ -43,7 +43,11 @@ def assert_tuned_then_ran(output: str, cache) -> tuple:
     assert entry["ms_per_step"] == min(t["ms_per_step"] for t in measured)
     assert f"chosen: {chosen.describe()}" in output
     assert output.rindex("the job finished") > output.index("chosen:"), output[-4000:]
-    assert f"{chosen.clients} client group(s)" in output[output.index("chosen:"):]
+    after = output[output.index("chosen:"):]
+    assert f"{chosen.clients} client group(s)" in after
+    clients = [line for line in after.splitlines() if line.startswith("client ")]
+    for host in hosts:
+        assert any(host in line for line in clients), (host, clients)
     return chosen, measured
 
 

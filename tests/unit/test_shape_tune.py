@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from kvhybrid.launch import cli, shape_tune
+from kvhybrid.launch import cli, shape_tune, tune
 from kvhybrid.launch.shape_tune import Grid, Shape, ShapeSearch
 
 
@@ -247,3 +247,11 @@ def test_the_search_also_moves_from_shapes_within_the_noise_of_the_best():
     assert search.contenders()[0] == Shape(1, 2, "host")
     assert Shape(1, 2, "host") in tried and search.best() == Shape(1, 2, "host")
     assert len(tried) <= shape_tune.MAX_TRIALS
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named_with_the_fix(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("KVHYBRID_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    with pytest.raises(OSError, match=r"a-file/cache \(KVHYBRID_CACHE_DIR\), which failed: .*"
+                                      r"set KVHYBRID_CACHE_DIR to a writable folder"):
+        tune.trials_dir()
