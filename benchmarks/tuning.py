@@ -190,7 +190,8 @@ def summarize(result: dict) -> dict:
             "shape_time_ratio": _spread([t.get("shape_seconds", t["seconds"]) / sweep_seconds
                                          for t in result["tunes"]]),
             "sweep_seconds": sweep_seconds,
-            "trials": _spread([sum(x["trial"] is not None for x in t["trials"])
+            "trials": _spread([t.get("trial_count", sum(x["trial"] is not None
+                                                         for x in t["trials"]))
                                for t in result["tunes"]]),
             "long_enough": long_enough(result)}
 

@@ -20,6 +20,10 @@ The search, and why it needs few trials:
   slower than the best by more than the noise margin;
 * a dense-only model (no row_sparse keys in a trial's stats) gives a single group's servers
   nothing to hold, so one group with servers is pruned as pure MPI plus idle processes;
+* once no untried shape can win, the best is tried again if a trial is left and another
+  measured shape is near it: the two trials' difference is how much trials of one shape swing
+  here, which becomes the noise margin, and the search goes on with the shapes it no longer
+  rules out; the pick names the shapes the trials cannot tell from it;
 * at most ``MAX_TRIALS`` trials, and none started that the budget cannot fit.
 
 The pick is the fastest trial; with servers and row_sparse keys its partition count is then
@@ -48,8 +52,12 @@ log = logging.getLogger("kvhybrid.launch")
 #: trials of shapes, all together (the partition search has its own count)
 MAX_TRIALS = 6
 #: a candidate is pruned only when predicted slower than the best by more than this share:
-#: trial-to-trial noise on a shared machine
+#: trial-to-trial noise on a shared machine (at least; a repeat of the best may widen it)
 NOISE = 0.05
+#: the best shape is tried a second time, where a trial is left, when another measured shape
+#: lies within this share of it: whole jobs of one shape can differ by tens of percent on a
+#: shared machine, and the two trials' difference becomes the search's noise margin
+REPEAT_WITHIN = 0.5
 #: a trial may take this many times the slowest successful trial before it is cut off
 TIMEOUT_FACTOR = 3.0
 #: ... but never less than this many seconds (a job's start-up alone takes seconds)
@@ -176,6 +184,8 @@ class Outcome:
     reason: str = ""
     trial: Optional[int] = None     # its place among the trials
     wall: Optional[float] = None    # the trial's whole run, start-up included
+    runs: List[float] = field(default_factory=list)   # each trial's step time (measured)
+    repeat: Optional[int] = None    # the second trial's place, where the shape was repeated
 
 
 @dataclass
@@ -186,6 +196,10 @@ class ShapeSearch:
     dense_only: Optional[bool] = None   # None: not known yet
     max_trials: int = MAX_TRIALS
     outcomes: Dict[Shape, Outcome] = field(default_factory=dict)
+    #: shapes within this share of the best count as its equals (``NOISE``, or what a repeat
+    #: of the best showed)
+    noise: float = NOISE
+    repeated: Optional[Shape] = None
 
     def __post_init__(self):
         if self.max_trials < 2:
@@ -200,7 +214,8 @@ class ShapeSearch:
 
     @property
     def trials(self) -> int:
-        return sum(o.trial is not None for o in self.outcomes.values())
+        return sum((o.trial is not None) + (o.repeat is not None)
+                   for o in self.outcomes.values())
 
     def measured(self) -> Dict[Shape, float]:
         return {s: o.seconds for s, o in self.outcomes.items() if o.status == "measured"}
@@ -234,7 +249,7 @@ class ShapeSearch:
         if idle:
             return idle
         guess = self.predict(shape)
-        if guess is not None and guess > best * (1 + NOISE):
+        if guess is not None and guess > best * (1 + self.noise):
             return f"predicted {guess * 1e3:.1f} ms, best {best * 1e3:.1f}"
         return None
 
@@ -269,20 +284,40 @@ class ShapeSearch:
                 candidates.append((rank, guess is not None, guess or 0.0, s))
         # the best's neighbours first, then those of shapes within the noise of it; of
         # each, unpredictable shapes first: the model cannot rule them out
-        return min(candidates)[-1] if candidates else None
+        return min(candidates)[-1] if candidates else self._repeat()
+
+    def _repeat(self) -> Optional[Shape]:
+        """The best shape once more (see ``REPEAT_WITHIN``), or None: done already, or no
+        other measured shape near enough for a trial's swing to change the pick."""
+        m, best = self.measured(), self.best()
+        if self.repeated is not None or best is None:
+            return None
+        near = any(s != best and t <= m[best] * (1 + REPEAT_WITHIN) for s, t in m.items())
+        return best if near else None
 
     def contenders(self) -> List[Shape]:
         """The best shape, then the measured shapes within the trials' noise of it (any of
         them may be the fastest), fastest first."""
         m = self.measured()
         best = self.best()
-        return sorted((s for s in m if m[s] <= m[best] * (1 + NOISE)), key=m.get) \
+        return sorted((s for s in m if m[s] <= m[best] * (1 + self.noise)), key=m.get) \
             if best else []
+
+    def equals(self, chosen: Shape) -> List[Shape]:
+        """The other measured shapes within the noise margin of ``chosen``: the trials
+        cannot tell them from it."""
+        return [s for s in self.contenders() if s != chosen]
 
     def record(self, shape: Shape, seconds: float, wall: Optional[float] = None) -> None:
         o = self.outcomes[shape]
-        o.status, o.seconds, o.reason = "measured", seconds, ""
-        o.trial, o.wall = self.trials + 1, wall
+        if o.status == "measured":   # the repeat: the shape's mean, the margin its swing
+            o.runs.append(seconds)
+            o.seconds, o.repeat = sum(o.runs) / len(o.runs), self.trials + 1
+            self.repeated = shape
+            self.noise = max(NOISE, (max(o.runs) - min(o.runs)) / min(o.runs))
+        else:
+            o.status, o.seconds, o.reason, o.runs = "measured", seconds, "", [seconds]
+            o.trial, o.wall = self.trials + 1, wall
         # a shape pruned against an earlier best is judged again against the new one
         for other in self.outcomes.values():
             if other.status == "pruned":
@@ -290,6 +325,10 @@ class ShapeSearch:
 
     def fail(self, shape: Shape, reason: str, wall: Optional[float] = None) -> None:
         o = self.outcomes[shape]
+        if o.status == "measured":   # its repeat failed: the first trial's time stands
+            o.repeat, o.reason, self.repeated = self.trials + 1, f"its repeat failed: {reason}", \
+                shape
+            return
         o.status, o.reason, o.trial, o.wall = "failed", reason, self.trials + 1, wall
 
     def finish(self, why_stopped: str) -> None:
@@ -305,7 +344,7 @@ class ShapeSearch:
                 o.status, o.reason = "pruned", why
             elif best is not None and o.shape not in near and o.shape not in self._opening:
                 o.status, o.reason = "not tried", \
-                    f"not next to the best shape or one within {NOISE:.0%} of it"
+                    f"not next to the best shape or one within {self.noise:.0%} of it"
             else:
                 o.status, o.reason = "not tried", why_stopped
 
@@ -318,9 +357,13 @@ def format_table(search: ShapeSearch, chosen: Optional[Shape]) -> str:
     for o in rows:
         ms = f"{o.seconds * 1e3:.2f}" if o.seconds is not None else "–"
         result = o.status + (f": {o.reason}" if o.reason else "")
+        if len(o.runs) > 1:
+            result += (" twice (the mean of " + " and ".join(f"{t * 1e3:.2f}" for t in o.runs)
+                       + f": {search.noise:.0%} apart, the search's noise margin)")
         if o.shape == chosen:
             result += " ← chosen"
-        lines.append(f"| {o.trial or '–'} | {o.shape.describe()} | {ms} | {result} |")
+        trial = f"{o.trial}, {o.repeat}" if o.repeat else (o.trial or "–")
+        lines.append(f"| {trial} | {o.shape.describe()} | {ms} | {result} |")
     return "\n".join(lines)
 
 
@@ -503,7 +546,8 @@ def search_shape(search: ShapeSearch, trials: Trials) -> Tuple[Optional[Shape], 
                    f"{trials.expected():.0f} s)")
             break
         n = search.trials + 1
-        log.info("tune %d/%d: %s ...", n, search.max_trials, shape.describe())
+        again = " again (how much its trials swing)" if shape in search.measured() else ""
+        log.info("tune %d/%d: %s%s ...", n, search.max_trials, shape.describe(), again)
         stats, reason, wall = trials.run(shape)
         if stats is None:
             search.fail(shape, reason, wall)
@@ -591,6 +635,11 @@ def tune_shape(grid: Grid, sig: str, command_for: Callable[[Shape], List[str]],
             f"{budget.seconds:.0f} s budget")
     pick = (f"chosen: {chosen.describe()} ({search.measured()[chosen] * 1e3:.2f} ms per step)"
             if chosen else "chosen: none (no trial ran to the end)")
+    equals = search.equals(chosen) if chosen else []
+    if equals:
+        pick += (f"; within the trials' noise ({search.noise:.0%}) of it: "
+                 + ", ".join(s.describe() for s in equals)
+                 + " (a longer job of each tells them apart)")
     print("\n".join([head, format_table(search, chosen), pick, note]).rstrip(), flush=True)
     if chosen is None:
         return None
@@ -599,7 +648,9 @@ def tune_shape(grid: Grid, sig: str, command_for: Callable[[Shape], List[str]],
         "dense_only": bool(search.dense_only), "stopped": why, "partition_search": note,
         "trials": [{"shape": asdict(o.shape), "status": o.status, "reason": o.reason,
                     "trial": o.trial, "ms_per_step": o.seconds and o.seconds * 1e3,
+                    "runs_ms": [t * 1e3 for t in o.runs], "repeat": o.repeat,
                     "wall_seconds": o.wall} for o in search.outcomes.values()],
+        "trial_count": search.trials, "noise": search.noise,
         "seconds": budget.used, "shape_seconds": shape_seconds, "budget": budget.seconds,
         "when": time.strftime("%Y-%m-%d %H:%M:%S")})
     log.info("tune: remembered %s for this job in %s (plain runs of it start there)",

@@ -37,9 +37,11 @@ def assert_tuned_then_ran(output: str, cache, hosts=()) -> tuple:
     entry = shape_entry(cache)
     chosen = shape_tune.Shape(**entry["shape"])
     measured = [t for t in entry["trials"] if t["status"] == "measured"]
-    assert len(measured) <= shape_tune.MAX_TRIALS, output[-4000:]
+    runs = sum(len(t["runs_ms"]) for t in measured)   # (the best's repeat among them)
+    assert len(measured) <= runs <= entry["trial_count"] <= shape_tune.MAX_TRIALS, \
+        output[-4000:]
     steps = shape_tune.tune.WARMUP_STEPS + shape_tune.TRIAL_STEPS + 1
-    assert output.count(f" s, {steps} steps)") == len(measured), output[-4000:]
+    assert output.count(f" s, {steps} steps)") == runs, output[-4000:]
     assert entry["ms_per_step"] == min(t["ms_per_step"] for t in measured)
     assert f"chosen: {chosen.describe()}" in output
     assert output.rindex("the job finished") > output.index("chosen:"), output[-4000:]
