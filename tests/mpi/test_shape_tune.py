@@ -2,6 +2,7 @@
 runs in, a failed shape skipped with its reason, the pick remembered for the next runs, and
 the budget honoured."""
 import json
+import re
 
 from kvhybrid.launch import shape_tune
 from tests.mpi.test_tune import launch
@@ -58,8 +59,10 @@ def test_tune_tries_shapes_picks_one_runs_in_it_and_later_runs_start_there(tmp_p
     r = launch("--tune", *dense_job(tmp_path), env=env)
     assert r.returncode == 0, r.output[-4000:]
     assert "| trial | shape | ms per step | result |" in r.output
-    assert "| 1 | 1 group, 0 servers (pure MPI) |" in r.output
-    assert "| 2 | 2 groups, 1 server |" in r.output
+    # the opening's two extremes, in order; either may be the best and so be repeated later
+    for row in (r"\| 1(, \d)? \| 1 group, 0 servers \(pure MPI\) \|",
+                r"\| 2(, \d)? \| 2 groups, 1 server \|"):
+        assert re.search(row, r.output), r.output[-4000:]
     # no row_sparse keys: one group's servers would have nothing to hold, nor partitions
     assert "dense-only model (no row_sparse keys in the trials' stats)" in r.output
     assert "| – | 1 group, 1 server | – | pruned: dense-only model" in r.output
