@@ -301,11 +301,16 @@ class Job:
                 env["PS_HEARTBEAT_TIMEOUT"] = str(HEARTBEAT_TIMEOUT)
         return env
 
+    def _shares_cores(self, other: str, host: str) -> bool:
+        """Whether processes on ``other`` run on ``host``'s cores: the same host, or any two
+        emulated hosts (network namespaces of this one machine)."""
+        return other == host or self.transport == "netns"
+
     def _procs(self, host: str) -> int:
-        """Workers and servers on ``host`` (the scheduler only waits)."""
-        plan = self.plan
-        return sum(k for c in plan.clients for h, k in c.ranks if h == host) \
-            + plan.server_hosts.count(host)
+        """Workers and servers on ``host``'s cores (the scheduler only waits)."""
+        plan, same = self.plan, self._shares_cores
+        return sum(k for c in plan.clients for h, k in c.ranks if same(h, host)) \
+            + sum(same(h, host) for h in plan.server_hosts)
 
     def _omp_threads(self, host: str) -> int:
         """``host``'s cores shared among its workers and servers, at least 1 (hosts alike
@@ -315,8 +320,7 @@ class Job:
     def omp_env(self, hosts) -> Dict[str, str]:
         """OMP_NUM_THREADS for processes on ``hosts`` (the least of their shares), unless the
         user set it. MXNet's operators otherwise start a thread per core in every process,
-        whose waits spin: 4 workers and a server on 2 cores took 26-30 ms an NMT step
-        instead of 19-21 (docs/launching.md)."""
+        whose waits spin (docs/configuration.md has the figures)."""
         if "OMP_NUM_THREADS" in self.base_env:
             return {}
         return {"OMP_NUM_THREADS": str(min(self._omp_threads(h) for h in hosts))}
@@ -328,8 +332,10 @@ class Job:
             return None
         plan = self.plan
         hosts = sorted({h for c in plan.clients for h, _ in c.ranks} | set(plan.server_hosts))
-        shares = ", ".join(f"{h}: {os.cpu_count() or 1} cores ÷ {self._procs(h)} processes"
-                           for h in hosts)
+        cores = os.cpu_count() or 1
+        shares = (f"emulated hosts on this machine: {cores} cores ÷ {self._procs(hosts[0])} "
+                  "processes" if self.transport == "netns" else
+                  ", ".join(f"{h}: {cores} cores ÷ {self._procs(h)} processes" for h in hosts))
         return (f"operator threads: OMP_NUM_THREADS={min(map(self._omp_threads, hosts))} per "
                 f"worker and server ({shares}); set OMP_NUM_THREADS to choose")
 
@@ -384,8 +390,10 @@ class Job:
         return cmd, full
 
     def _crowded(self, host: str) -> bool:
-        """More processes on ``host`` than this machine has cores (hosts alike assumed)."""
-        procs = self._procs(host) + (self.plan.scheduler_host == host)
+        """More processes on ``host``'s cores than this machine has (hosts alike assumed):
+        the group's MPI then yields when idle instead of spinning on cores others need."""
+        scheduler = self.plan.scheduler_host
+        procs = self._procs(host) + (scheduler is not None and self._shares_cores(scheduler, host))
         return procs > (os.cpu_count() or 1)
 
     def commands(self) -> List[str]:

@@ -145,6 +145,19 @@ def test_omp_threads_share_the_host_among_workers_and_servers_unless_the_user_se
     assert "operator threads" not in r.stdout   # the user's own choice needs no line
 
 
+def test_emulated_hosts_share_this_machines_cores_among_all_their_processes():
+    env = job_env()
+    env.pop("OMP_NUM_THREADS", None)
+    cores = os.cpu_count() or 1   # each host as many ranks as cores: only together crowded
+    args = LAUNCH + ["-n", str(2 * cores), "-H", f"nsa:{cores},nsb:{cores}", "--launcher", "netns",
+                     "--dry-run", "python", "examples/train_mlp.py"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "--mca mpi_yield_when_idle 1" in r.stdout   # waiting ranks yield the shared cores
+    assert ("operator threads: OMP_NUM_THREADS=1 per worker and server (emulated hosts on "
+            f"this machine: {cores} cores ÷ {2 * cores} processes)") in r.stdout
+
+
 def test_interface_names_the_address_processes_advertise():
     r = launch("-n", 2, "--clients", 2, "--servers", 1, "--interface", "lo", "--dry-run",
                "python", "examples/train_mlp.py")
