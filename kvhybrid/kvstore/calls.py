@@ -199,6 +199,14 @@ class Calls:
             _remember(self._checked, ident, result)
         return result
 
+    def recall(self, op: str, key, arrays) -> Optional[tuple]:
+        """What ``checked`` remembered of this very call (the same key and arrays), or None:
+        a repeated call replays it without building anything."""
+        try:
+            return self._checked.get((op, call_key(key), _handles(arrays)))
+        except TypeError:   # (an unhashable key was never remembered)
+            return None
+
     def forget(self) -> None:
         """Drop the remembered calls (a key's route or the store's paths changed)."""
         self._memo.clear()

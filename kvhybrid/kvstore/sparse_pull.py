@@ -53,8 +53,6 @@ class RowPulls:
         #: per key, the rows its last push asked for, on their way (``hints.Prefetch``)
         self.hints: Dict[Key, Prefetch] = {}
         self._unsettled: Deque[PullCheck] = collections.deque()   # see settle
-        #: per key, (out, slot, signature) of its last covered pull (``_pull_as_before``)
-        self._last_pull: Dict[Key, Optional[tuple]] = {}
         #: where the communication thread hands rows out (a push's hand-out, a served pull):
         #: the engine's group, or with host masters a duplicate of this rank's host group
         #: (its own communicator: the caller's thread meets the host on the other at the
@@ -95,8 +93,8 @@ class RowPulls:
         if out is None or row_ids is None:
             raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
                                 "arrays) and row_ids= (the rows to fetch)")
-        outs, slots, signature = self.calls.checked("row_sparse_pull", key, out,
-                                                    lambda: self._checked_outs(key, out))
+        outs, slots, signature, _ = self.calls.checked("row_sparse_pull", key, out,
+                                                       lambda: self._checked_outs(key, out))
         if isinstance(key, (list, tuple)):
             if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
                 raise KeyValueError(f"a list of {len(outs)} keys needs a list of "
@@ -111,36 +109,40 @@ class RowPulls:
         return work, signature
 
     def _checked_outs(self, key, out) -> tuple:
-        """(outs by key, their slots, the call's signature): the same on every call with
-        these outs."""
+        """(outs by key, their slots, the call's signature, whether one key pulls into one
+        row_sparse out, which a repeated pull may replay: ``_pull_as_before``): the same on
+        every call with these outs."""
         outs = pairs(key, out, "out", sparse_ok=True)
         slots = []
         for k, o in outs:
             slots.append(lookup(self.slots, k))
             check_pull_out(k, slots[-1], o)
-        return outs, slots, f"row_sparse_pull {keys_text(outs)}"
+        replayable = len(outs) == 1 and len(outs[0][1]) == 1 \
+            and outs[0][1][0].stype == "row_sparse"
+        return outs, slots, f"row_sparse_pull {keys_text(outs)}", replayable
 
     def _pull_as_before(self, key, prefetch: Prefetch, out, row_ids) -> bool:
-        """A training loop's pull, in a few calls: the ids ``prefetch_rows`` was handed, in
-        their order, into the one out that passed ``_pull_prefetched``'s checks at this
-        key's last pull. Returns False, having done nothing, for any other pull (the full
-        path checks it): the full path's checks every pull cost the caller's thread more
-        than ``dist_sync``'s pull (``benchmarks.caller_cpu``).
+        """A training loop's pull, replayed: the ids ``prefetch_rows`` was handed, in their
+        order, into one row_sparse out whose checks passed at an earlier pull (the call's
+        memo: ``Calls.recall``). Returns False, having done nothing, for any other pull
+        (the full path checks it): the full checks every pull cost the caller's thread more
+        than ``dist_sync``'s pull.
 
         It waits for nothing: the rows' engine copy waits in MXNet's engine for the
         operation that writes them (``Prefetch.array``), as ``dist_sync``'s pull does.
         Waiting here for the hand-out held a loop that never calls ``waitall`` at every
         forward pass, where ``dist_sync``'s pull waits for nothing. If the
         hand-out fails, the rows read as zeros and every rank raises at its next call."""
-        last = self._last_pull.get(key)
-        if isinstance(out, (list, tuple)):
-            out = out[0] if len(out) == 1 else None
+        if prefetch.handed is None or prefetch.error is not None:
+            return False   # (a failed pure-PS hand-over: the full path raises it)
+        checked = self.calls.recall("row_sparse_pull", key, out)
         if isinstance(row_ids, (list, tuple)):
             row_ids = row_ids[0] if len(row_ids) == 1 else None
-        if (last is None or out is not last[0] or self.slots.get(key) is not last[1]
-                or prefetch.handed is None or not isinstance(row_ids, mx.nd.NDArray)):
+        if checked is None or not checked[3] or not isinstance(row_ids, mx.nd.NDArray):
             return False
-        if prefetch.error is not None:   # (a pure-PS hand-over failed: the full path raises it)
+        outs, slots, signature, _ = checked
+        out, slot = outs[0][1][0], slots[0]
+        if self.slots.get(key) is not slot:   # (the key was set up again since)
             return False
         self.engine.check()   # (the hand-out failed already: raise that, not copy zeros)
         # the rows to the out (the engine copies them; nothing writes them again) if the
@@ -153,7 +155,6 @@ class RowPulls:
                 copy(prefetch.array, out)
         if not copied:
             return False
-        slot, signature = last[1], last[2]
         self._forget_settled()
         check = PullCheck(key, [(key, slot, [out], [prefetch.ids])], signature, None, True)
         check.start(self.engine, self.hand_out_group, self.placement.servers)
@@ -250,8 +251,6 @@ class RowPulls:
         if covered:
             for k, slot, outs, ids in work:
                 rows_from_prefetch(prefetch, outs, ids, slot)
-            _, slot, outs, _ = work[0]   # (one key: a list of keys is never prefetched)
-            self._last_pull[key] = (outs[0], slot, signature) if len(outs) == 1 else None
             return
         if check.targets is not None:   # (the served rows come through the engine)
             check.copy_out()
@@ -318,7 +317,6 @@ class RowPulls:
             self.hand_out_group.close()
         self._unsettled.clear()
         self.hints.clear()
-        self._last_pull.clear()
 
 
 def _asked_for_none(prefetch: Prefetch) -> bool:
