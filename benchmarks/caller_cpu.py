@@ -67,7 +67,7 @@ TIMED = [
      "  keys to the servers and back (a client per worker)"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.push", "store: push (rows)"),
     ("kvhybrid.kvstore.sparse_pull", "RowPulls.settle", "  settle the prefetched pulls' checks"),
-    ("kvhybrid.kvstore.calls", "Calls.checked", "  the call's memo (checked once)"),
+    ("kvhybrid.kvstore.calls", "Calls.recall", "  the call's memo (its checks, kept)"),
     ("kvhybrid.kvstore.sparse_push", "RowPushes._read_rows", "  the gradient, by reference"),
     ("kvhybrid.kvstore.sparse_push", "local_ids", "  read the gradient's row ids"),
     ("kvhybrid.kvstore.sparse_push", "push_and_prefetch", "  rows to the master, next ids"),

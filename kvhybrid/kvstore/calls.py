@@ -184,28 +184,24 @@ class Calls:
         _remember(self._memo, ident, call)
         return call, True
 
-    def checked(self, op: str, key, arrays, build: Callable[[], tuple]) -> tuple:
-        """``build()``'s local checks of a call (a push's ``signed_work``, a pull's checks
-        of its outs), run once per repeated call on the same arrays, as ``pushpull``'s; the
-        agreement is the caller's. Only checks that passed are remembered, and what else
-        they read (a key's route, compression) changes only with ``forget``."""
-        ident = (op, call_key(key), _handles(arrays))
-        try:
-            result = self._checked.get(ident)
-        except TypeError:   # an unhashable key: build() raises the error that names it
-            return build()
-        if result is None:
-            result = build()
-            _remember(self._checked, ident, result)
-        return result
-
     def recall(self, op: str, key, arrays) -> Optional[tuple]:
-        """What ``checked`` remembered of this very call (the same key and arrays), or None:
-        a repeated call replays it without building anything."""
+        """The local checks of this very call (the same key and arrays) that ``remember``
+        kept, or None: a training loop's repeated push or pull replays them, and only its
+        agreement runs again (the caller's)."""
         try:
             return self._checked.get((op, call_key(key), _handles(arrays)))
-        except TypeError:   # (an unhashable key was never remembered)
+        except TypeError:   # (an unhashable key is never kept: the checks name it)
             return None
+
+    def remember(self, op: str, key, arrays, checked: tuple) -> tuple:
+        """Keep a call's local checks that passed (``checked``, what its caller built: a
+        push's ``SparsePush``, a pull's checked outs) for ``recall``; returns them. What else
+        they read (a key's route, compression) changes only with ``forget``."""
+        try:
+            _remember(self._checked, (op, call_key(key), _handles(arrays)), checked)
+        except TypeError:
+            pass
+        return checked
 
     def forget(self) -> None:
         """Drop the remembered calls (a key's route or the store's paths changed)."""

@@ -1,7 +1,7 @@
 """The pull of a row_sparse key's rows: ``row_sparse_pull`` (Gluon's before each forward
 pass, Module's in ``prepare``), and a ``pull`` of every row for eval and checkpoints.
 
-One path for every client: the call's checks (once per repeated call: ``Calls.checked``),
+One path for every client: the call's checks (once per repeated call: ``Calls.recall``),
 its ids, then the rows from where they live:
 
 - **in the group** (every rank holds the table): its own copy (``pull_rows_local``);
@@ -93,8 +93,9 @@ class RowPulls:
         if out is None or row_ids is None:
             raise KeyValueError(f"row_sparse_pull of key {key!r} needs out= (row_sparse "
                                 "arrays) and row_ids= (the rows to fetch)")
-        outs, slots, signature, _ = self.calls.checked("row_sparse_pull", key, out,
-                                                       lambda: self._checked_outs(key, out))
+        checked = self.calls.recall("row_sparse_pull", key, out) or self.calls.remember(
+            "row_sparse_pull", key, out, self._checked_outs(key, out))
+        outs, slots, signature, _ = checked
         if isinstance(key, (list, tuple)):
             if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(outs):
                 raise KeyValueError(f"a list of {len(outs)} keys needs a list of "

@@ -145,7 +145,7 @@ class RowPushes:
         """A push call's row_sparse keys, as ``push`` takes them (``work``: its checked
         ``(key, arrays, _)``; ``signature``: the call's, where the ranks are to agree on it
         in the rows' gather, else None: agreed already). The memo keeps it for a repeated
-        call (``Calls.checked``): whether each key's row ids are read in place is asked of
+        call (``Calls.recall``): whether each key's row ids are read in place is asked of
         MXNet once."""
         items = [(k, arrays) for k, arrays, _ in work]
         return SparsePush(items, [len(a) == 1 and reads_row_ids_in_place(a[0])

@@ -8,11 +8,9 @@ the union of their batches. When the store owns the optimizer (``update_on_kvsto
 the Trainer's default) every rank applies the same update to its own copy of the weights
 right after the sum: the copies stay identical without a server.
 
-The parts, each in its own module: ``placement.py`` (who sums where), ``calls.py`` (each
-call's checks, the ranks' agreement, the memo), ``dense.py`` (dense sums), ``sparse.py``,
-``sparse_push.py`` and ``sparse_pull.py`` (row_sparse tables and routes, pushes, pulls),
-``modes.py`` (how groups meet; ``kvhybrid/elastic/mode.py``: elastic), ``stats.py`` (the
-step clock, the tuner's file).
+The parts, each in its own module: ``placement.py`` (who sums where), ``calls.py`` (checks,
+agreement, memo), ``dense.py`` (dense sums), ``sparse.py``, ``sparse_push.py``, ``sparse_pull.py``
+(row_sparse tables, routes, pushes, pulls), ``modes.py`` (how groups meet), ``stats.py``.
 
 The class derives from MXNet's native ``KVStore`` (holding a handle to an unused native
 ``local`` store) only because ``gluon.Trainer`` accepts nothing else for sparse gradients
@@ -299,11 +297,13 @@ class HybridMPIStore(mx.kv.KVStore):
         self._open()
         self.clock.tick(call_key(key))
         if self.pushes.agrees_with_rows(key):   # (its agreement travels with its rows)
-            try:
-                plan = self.calls.checked("push", key, value, lambda: self.pushes.plan_push(
-                    *self._signed("push", key, value)))
-            except KeyValueError as exc:
-                plan = self.pushes.failed_push(key, str(exc))
+            plan = self.calls.recall("push", key, value)
+            if plan is None:
+                try:
+                    plan = self.calls.remember("push", key, value, self.pushes.plan_push(
+                        *self._signed("push", key, value)))
+                except KeyValueError as exc:
+                    plan = self.pushes.failed_push(key, str(exc))
             self.pushes.push(plan)
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),
