@@ -191,7 +191,7 @@ class RowPulls:
                    sorted_ids: bool = True) -> None:
         """A checked and agreed pull, each key by where its rows live: every rank's own copy
         (``pull_rows_local``), or through the row group's master, who pulls the union of
-        the group's ids once and hands each rank its rows (``pull_rows_from_servers``). A
+        the group's ids once and hands each rank its rows (``fetch_rows_from_servers``). A
         row group of one rank (pure PS) whose table is in one piece on dist_sync servers
         pulls through MXNet's engine, as ``dist_sync`` does (``pull_rows_alone``), where a
         communication thread runs (without one the store keeps off MXNet's engine).
@@ -208,8 +208,9 @@ class RowPulls:
                 ids = [unique_ids(i, slot.shape[0]) for i in ids]
             if not slot.rows_on_servers:
                 pull_rows_local(slot, outs, ids)
-            else:
-                pull_rows_from_servers(k, slot, outs, ids, row_group, servers)
+            else:   # (the master pulls the union of the group's ids once)
+                mine, rows = fetch_rows_from_servers(k, slot, ids, row_group, servers)
+                write_rows(slot, outs, ids, mine, rows)
 
     def _pull_prefetched(self, key, build, row_ids: Optional[mx.nd.NDArray]) -> None:
         """A pull of a key whose next rows were fetched ahead (``prefetch_rows``). If this
@@ -673,13 +674,6 @@ def write_rows(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray], mine: 
     for o, i in zip(outs, ids):
         part = rows if i is mine else rows[np.searchsorted(mine, i)]
         host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
-
-
-def pull_rows_from_servers(key: Key, slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray],
-                           group: Group, servers: Optional[ServerLink]) -> None:
-    """The master pulls the union of the group's ids once and hands each rank its rows."""
-    mine, rows = fetch_rows_from_servers(key, slot, ids, group, servers)
-    write_rows(slot, outs, ids, mine, rows)
 
 
 def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
