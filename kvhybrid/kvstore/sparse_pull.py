@@ -126,14 +126,12 @@ class RowPulls:
         """A training loop's pull, replayed: the ids ``prefetch_rows`` was handed, in their
         order, into one row_sparse out whose checks passed at an earlier pull (the call's
         memo: ``Calls.recall``). Returns False, having done nothing, for any other pull
-        (the full path checks it): the full checks every pull cost the caller's thread more
-        than ``dist_sync``'s pull.
+        (the full path checks it).
 
-        It waits for nothing: the rows' engine copy waits in MXNet's engine for the
-        operation that writes them (``Prefetch.array``), as ``dist_sync``'s pull does.
-        Waiting here for the hand-out held a loop that never calls ``waitall`` at every
-        forward pass, where ``dist_sync``'s pull waits for nothing. If the
-        hand-out fails, the rows read as zeros and every rank raises at its next call."""
+        It waits for nothing, as ``dist_sync``'s pull: the rows' engine copy waits in MXNet's
+        engine for the operation that writes them (``Prefetch.array``), so a loop that never
+        calls ``waitall`` runs ahead. If the hand-out fails, the rows read as zeros and every
+        rank raises at its next call."""
         if prefetch.handed is None or prefetch.error is not None:
             return False   # (a failed pure-PS hand-over: the full path raises it)
         checked = self.calls.recall("row_sparse_pull", key, out)
