@@ -190,6 +190,38 @@ def ratio_table(results: Dict[str, Dict[str, dict]], steps: int,
     return "\n".join(lines)
 
 
+def cost_table(setting: Setting, peer: str = "dist_sync") -> str:
+    """Each kvhybrid system ÷ ``peer`` per round, median (range): throughput, and the CPU a
+    step took on a worker's caller's thread and on the machine (lower is cheaper), which on
+    2 cores hold still where throughput swings. "" where no round ran ``peer`` with CPU."""
+    def cpu(r: dict, which: str) -> Optional[float]:
+        return (r.get("cpu_ms_per_step") or {}).get("caller") if which == "caller" \
+            else r.get("machine_cpu_ms_per_step")
+
+    lines = []
+    for model in setting.rounds[0] if setting.rounds else {}:
+        for name in setting.rounds[0][model]:
+            if not name.startswith("kvhybrid"):
+                continue
+            pairs = [(r[model][name], r[model][peer]) for r in setting.rounds
+                     if name in r.get(model, {}) and peer in r.get(model, {})]
+            cells = [ratio_cell([a["words_per_second"] / b["words_per_second"]
+                                 for a, b in pairs]) if pairs else ""]
+            for which in ("caller", "machine"):
+                got = [cpu(a, which) / cpu(b, which) for a, b in pairs
+                       if cpu(a, which) and cpu(b, which)]
+                cells.append(ratio_cell(got) if got else "")
+            if any(cells[1:]):
+                lines.append(f"| {model} | {name} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    return "\n".join([f"Each kvhybrid system ÷ `{peer}` in the same round, median over the "
+                      "rounds (range): throughput (above 1 is faster), and CPU per step "
+                      "(below 1 is cheaper)", "",
+                      "| model | system | throughput | caller's thread CPU | machine CPU |",
+                      "|---|---|---:|---:|---:|", *lines])
+
+
 def queued_sentence(results: Dict[str, Dict[str, dict]]) -> str:
     """How soon the callers' threads had queued the timed steps in a loop that never waits
     (``queued_fraction``, mean over the workers), per model and system: where it is well
@@ -355,6 +387,7 @@ def write_setting(args, name: str, setting: Setting) -> None:
         "step (mean over the workers) and what every process of the machine used (servers "
         "and MXNet's own threads included): where there are more busy threads than cores, "
         "the step is bound by the machine's CPU ms ÷ its cores.", "",
+        *([cost, ""] if (cost := cost_table(setting)) else []),
         bytes_table(results, setting.where), "",
         *footer("models", setting.command or None, setting.measured or None)]) + "\n"
     write_outputs(args.out, name, table, results, plot)

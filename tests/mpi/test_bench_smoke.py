@@ -108,6 +108,8 @@ def test_models_benchmark_runs_every_system_and_they_take_the_same_steps(tmp_pat
     assert [s["route"] for s in systems["kvhybrid all-AR"]["key_stats"].values()] == ["dense"]
     assert [s["route"] for s in systems["kvhybrid"]["key_stats"].values()] == ["servers"]
     assert "kvhybrid ÷ this" in table
+    # each kvhybrid system's CPU ÷ dist_sync's, round by round (not Horovod's: a peer only)
+    assert "| lm | kvhybrid all-PS | " in table and "| caller's thread CPU | machine CPU |" in table
     # loopback has no per-host link to count; Table 3's figure is there for every system
     assert "counted ÷ Table 3" in table
     assert all(r["wire_per_host"] is None and r["table3_per_host"] > 0 for r in systems.values())

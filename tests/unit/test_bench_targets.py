@@ -1,6 +1,6 @@
 """The models suite's verdicts (no jobs run): ratios are paired round by round, the
 median decides met or missed, and "the better peer" is the faster one in each round."""
-from benchmarks.models import Setting, miss_profiles, targets_table
+from benchmarks.models import Setting, cost_table, miss_profiles, targets_table
 
 
 def run(words_per_second: float, loss: float = 1.0) -> dict:
@@ -166,3 +166,24 @@ def test_a_missed_targets_profile_says_where_the_machines_cpu_went():
         f"| kvhybrid | 2.5 | 1.0 | 1.5 | 20.0 | 4.0 | 24.0 | {24.0 / cores:.1f} |"
     # a run without the readings (an older JSON) keeps the table's shape
     assert cpu_roles_row("dist_sync", {"workers": 4}) == "| dist_sync |" + " |" * 7
+
+
+def test_the_cost_table_pairs_each_rounds_cpu_with_dist_syncs():
+    def cpu_run(words, caller, machine):
+        return dict(run(words), cpu_ms_per_step={"caller": caller}, machine_cpu_ms_per_step=machine)
+
+    loop = Setting("loopback", 0, 1, [
+        {"lm": {"kvhybrid": cpu_run(110, 2.0, 20), "dist_sync": cpu_run(100, 2.0, 25),
+                "Horovod": cpu_run(10, 9.0, 90)}},
+        {"lm": {"kvhybrid": cpu_run(100, 3.0, 30), "dist_sync": cpu_run(100, 2.0, 20),
+                "Horovod": cpu_run(10, 9.0, 90)}},
+        {"lm": {"kvhybrid": cpu_run(90, 1.0, 10), "dist_sync": cpu_run(100, 2.0, 40),
+                "Horovod": cpu_run(10, 9.0, 90)}}])
+    table = cost_table(loop)
+    # each round's own ratio, then the median: the caller's 1.0, 1.5, 0.5; the machine's
+    # 0.8, 1.5, 0.25 (medians of the rounds' figures alone would read 1.0 and 1.0)
+    assert row(table, "lm") == "| lm | kvhybrid | 1.00× (0.90–1.10) | 1.00× (0.50–1.50) | " \
+        "0.80× (0.25–1.50) |"
+    assert "Horovod" not in table and "| lm | dist_sync" not in table
+    # no CPU recorded (older pages): no table
+    assert cost_table(Setting("loopback", 0, 1, rounds({"lm": {"kvhybrid": 1, "dist_sync": 1}}))) == ""
