@@ -106,11 +106,28 @@ def ratio_text(median: float, least: float, most: float) -> str:
 
 
 def round_ratios(rounds: Sequence[Mapping[str, Mapping[str, dict]]], key: str, a: str,
-                 b: str) -> List[float]:
-    """``a``'s throughput ÷ ``b``'s in each round that ran both on ``key`` (a model, or a
-    sweep's words per sample): the same round's runs, so a noisy minute hits both."""
-    return [r[key][a]["words_per_second"] / r[key][b]["words_per_second"]
-            for r in rounds if a in r.get(key, {}) and b in r.get(key, {})]
+                 b: str, read=lambda run: run["words_per_second"]) -> List[float]:
+    """``a``'s figure ÷ ``b``'s (``read``: throughput unless told) in each round that ran
+    both on ``key`` (a model, or a sweep's words per sample) and has both figures: the same
+    round's runs, so a noisy minute hits both."""
+    out = []
+    for r in rounds:
+        runs = r.get(key, {})
+        if a in runs and b in runs:
+            mine, theirs = read(runs[a]), read(runs[b])
+            if mine is not None and theirs:
+                out.append(mine / theirs)
+    return out
+
+
+def caller_cpu(run: dict) -> Optional[float]:
+    """A run's CPU ms a step on a worker's caller's thread (None where not recorded)."""
+    return (run.get("cpu_ms_per_step") or {}).get("caller")
+
+
+def machine_cpu(run: dict) -> Optional[float]:
+    """A run's CPU ms a step of every process of the machine (None where not recorded)."""
+    return run.get("machine_cpu_ms_per_step")
 
 
 def footer(module: str, argv: Optional[List[str]] = None,

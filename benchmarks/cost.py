@@ -32,7 +32,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from .common import footer, grouped_bars, provenance, ratio_cell, save_figure, write_outputs
+from .common import (caller_cpu, footer, grouped_bars, machine_cpu, provenance, ratio_cell,
+                     save_figure, write_outputs)
 from .model_zoo import MODELS
 from .models import SYSTEMS, measure
 
@@ -48,11 +49,11 @@ Metric = Callable[[dict, Optional[dict]], Optional[float]]
 
 
 def _caller(r: dict, _: Optional[dict]) -> Optional[float]:
-    return (r.get("cpu_ms_per_step") or {}).get("caller")
+    return caller_cpu(r)
 
 
 def _machine(r: dict, _: Optional[dict]) -> Optional[float]:
-    return r.get("machine_cpu_ms_per_step")
+    return machine_cpu(r)
 
 
 def _communication(r: dict, compute: Optional[dict]) -> Optional[float]:

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .cluster import add_host_args, launcher_args_on_hosts, setting_name, why_no_hosts
-from .common import DIAGNOSTICS_OUT, WAITS, footer, grouped_bars, provenance, ratio_cell, \
-    round_ratios, run_job, save_figure, write_outputs
+from .common import DIAGNOSTICS_OUT, WAITS, caller_cpu, footer, grouped_bars, machine_cpu, \
+    provenance, ratio_cell, round_ratios, run_job, save_figure, write_outputs
 from .model_zoo import MODELS
 from .wire import describe, per_host, table3
 
@@ -194,25 +194,14 @@ def cost_table(setting: Setting, peer: str = "dist_sync") -> str:
     """Each kvhybrid system ÷ ``peer`` per round, median (range): throughput, and the CPU a
     step took on a worker's caller's thread and on the machine (lower is cheaper), which on
     2 cores hold still where throughput swings. "" where no round ran ``peer`` with CPU."""
-    def cpu(r: dict, which: str) -> Optional[float]:
-        return (r.get("cpu_ms_per_step") or {}).get("caller") if which == "caller" \
-            else r.get("machine_cpu_ms_per_step")
-
     lines = []
-    for model in setting.rounds[0] if setting.rounds else {}:
-        for name in setting.rounds[0][model]:
-            if not name.startswith("kvhybrid"):
-                continue
-            pairs = [(r[model][name], r[model][peer]) for r in setting.rounds
-                     if name in r.get(model, {}) and peer in r.get(model, {})]
-            cells = [ratio_cell([a["words_per_second"] / b["words_per_second"]
-                                 for a, b in pairs]) if pairs else ""]
-            for which in ("caller", "machine"):
-                got = [cpu(a, which) / cpu(b, which) for a, b in pairs
-                       if cpu(a, which) and cpu(b, which)]
-                cells.append(ratio_cell(got) if got else "")
+    for model, systems in (setting.rounds[0] if setting.rounds else {}).items():
+        for name in (n for n in systems if n.startswith("kvhybrid")):
+            cells = [round_ratios(setting.rounds, model, name, peer, read)
+                     for read in (lambda run: run["words_per_second"], caller_cpu, machine_cpu)]
             if any(cells[1:]):
-                lines.append(f"| {model} | {name} | " + " | ".join(cells) + " |")
+                lines.append(f"| {model} | {name} | "
+                             + " | ".join(ratio_cell(c) if c else "" for c in cells) + " |")
     if not lines:
         return ""
     return "\n".join([f"Each kvhybrid system ÷ `{peer}` in the same round, median over the "

@@ -137,9 +137,11 @@ class RowPulls:
         checked = self.calls.recall("row_sparse_pull", key, out)
         if isinstance(row_ids, (list, tuple)):
             row_ids = row_ids[0] if len(row_ids) == 1 else None
-        if checked is None or not checked[3] or not isinstance(row_ids, mx.nd.NDArray):
+        if checked is None or not isinstance(row_ids, mx.nd.NDArray):
             return False
-        outs, slots, signature, _ = checked
+        outs, slots, signature, replayable = checked
+        if not replayable:
+            return False
         out, slot = outs[0][1][0], slots[0]
         if self.slots.get(key) is not slot:   # (the key was set up again since)
             return False
