@@ -38,7 +38,6 @@ import mxnet as mx
 from ..errors import KeyValueError, KVHybridError
 from ..kvstore.keys import Key
 from ..kvstore.ps import server as ps_server
-from ..kvstore.sparse_pull import pull_whole_table
 
 log = logging.getLogger("kvhybrid")
 
@@ -171,7 +170,7 @@ def _values(trainer, store, state) -> Dict[Key, mx.nd.NDArray]:
             values[index] = param.list_data()[0].copyto(mx.cpu())
         elif slot.rows_on_servers:
             table = mx.nd.zeros(slot.shape, mx.cpu(), dtype=slot.dtype)
-            pull_whole_table(index, slot, table, store.row_group, state.servers)
+            state.pull_table(index, slot, table)
             values[index] = table
         else:
             values[index] = slot.value.copyto(mx.cpu())

@@ -5,13 +5,14 @@ makes them; ``sparse_pull.py`` reads them.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 from mxnet.ndarray import NDArray
 
-from ..tensor_collectives.ndarray_view import ids_address
-from .keys import Key
+from ..tensor_collectives.ndarray_view import host_row_sparse, ids_address
+from ..tensor_collectives.operators import copy
+from .keys import Key, KeySlot
 
 #: what a waiting ``Flag`` waits on (every flag's set wakes it)
 _FLAG_SET = threading.Condition()
@@ -71,3 +72,25 @@ class Prefetch:
         #: whether its hand-out waits for nothing (the gradient's rows read in place): a
         #: later step's backward may then be queued before it runs
         self.waits_for_nothing = False
+
+    def holds(self, ids: List[np.ndarray]) -> bool:
+        """Whether the rows came for every one of ``ids`` (each out's, sorted unique)."""
+        if not len(self.ids):   # (a push that asked for no rows: a plain Trainer's)
+            return not any(len(i) for i in ids)
+        return all(self._same_ids(i)   # (the usual case, and cheaper)
+                   or not len(np.setdiff1d(i, self.ids, assume_unique=True)) for i in ids)
+
+    def write_rows(self, outs: List[NDArray], ids: List[np.ndarray], slot: KeySlot) -> None:
+        """The rows into ``outs`` (``ids``: each out's sorted unique ids, which it must
+        hold: ``holds``)."""
+        for o, i in zip(outs, ids):
+            if self._same_ids(i):
+                copy(self.array, o)   # (the engine copies it; nothing writes it again)
+                continue
+            part = self.rows[np.searchsorted(self.ids, i)]
+            host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
+
+    def _same_ids(self, ids: np.ndarray) -> bool:
+        """Whether ``ids`` are the rows' ids: the very array when the pull's ids were the
+        ones handed over (``checked_row_ids`` returns it then), else compared."""
+        return ids is self.ids or np.array_equal(ids, self.ids)

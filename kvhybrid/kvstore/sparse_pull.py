@@ -27,13 +27,14 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError, KVHybridError
-from ..tensor_collectives import Group, broadcast_array
+from ..tensor_collectives import Group
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, empty_row_sparse, host_array,
                                                     host_row_sparse, host_view, ids_equal,
                                                     is_host, make_rows, new_host_row_sparse,
                                                     rows_made_later)
 from ..tensor_collectives.operators import copy
+from ..tensor_collectives.ops import broadcast_view
 from ..tensor_collectives.rows import (by_rank, gather_patiently, ids_in_table, scatter_bytes,
                                        take_rows, union_ids, unique_ids)
 from .calls import Calls, agree, check_pulled_rows, keys_text, pull_tag
@@ -164,8 +165,10 @@ class RowPulls:
 
     def pull_table(self, key: Key, slot: KeySlot, into: NDArray) -> None:
         """The whole table of a key whose rows live on the servers, on every rank (a dense
-        weight's ``pull``, or its first push on the 'dense' route)."""
-        pull_whole_table(key, slot, into, self.placement.row_group, self.placement.servers)
+        weight's ``pull``, a checkpoint's, or its first push on the 'dense' route)."""
+        _, table = fetch_rows_from_servers(key, slot, None, self.placement.row_group,
+                                           self.placement.servers)
+        into[:] = table.reshape(into.shape)
 
     def pull_every_row(self, key, out) -> None:
         """A ``pull``'s row_sparse outs (``ignore_sparse=False``; its dense outs were pulled
@@ -238,7 +241,7 @@ class RowPulls:
         sort = not unasked
         try:
             work, signature = build(sort=sort)
-            error, covered = None, all(prefetch_holds(prefetch, ids) for *_, ids in work)
+            error, covered = None, all(prefetch.holds(ids) for *_, ids in work)
         except KeyValueError as exc:
             work, signature, error, covered = None, None, str(exc), False
         if not covered and self.engine.group.size == 1:   # no one to check with or to wait for
@@ -252,7 +255,7 @@ class RowPulls:
         self._unsettled.append(check)
         if covered:
             for k, slot, outs, ids in work:
-                rows_from_prefetch(prefetch, outs, ids, slot)
+                prefetch.write_rows(outs, ids, slot)
             return
         if check.targets is not None:   # (the served rows come through the engine)
             check.copy_out()
@@ -464,32 +467,6 @@ class PullCheck:
             write_rows(slot, outs, ids, mine, rows)
 
 
-def rows_from_prefetch(prefetch: Prefetch, outs: List[NDArray], ids: List[np.ndarray],
-                       slot: KeySlot) -> None:
-    """Write the prefetched rows into ``outs`` (``ids``: each out's sorted unique ids, which
-    the prefetch must hold: ``prefetch_holds``)."""
-    for o, i in zip(outs, ids):
-        if _same_ids(i, prefetch.ids):
-            copy(prefetch.array, o)   # (the engine copies it; nothing writes it again)
-            continue
-        part = prefetch.rows[np.searchsorted(prefetch.ids, i)]
-        host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
-
-
-def prefetch_holds(prefetch: Prefetch, ids: List[np.ndarray]) -> bool:
-    """Whether the prefetched rows include every one of ``ids`` (sorted unique)."""
-    if not len(prefetch.ids):   # (a push that asked for no rows: a plain Trainer's)
-        return not any(len(i) for i in ids)
-    return all(_same_ids(i, prefetch.ids)   # (the usual case, and cheaper)
-               or not len(np.setdiff1d(i, prefetch.ids, assume_unique=True)) for i in ids)
-
-
-def _same_ids(ids: np.ndarray, prefetched: np.ndarray) -> bool:
-    """Whether ``ids`` are the prefetched ids: the very array when the pull's ids were the
-    ones handed over (``checked_row_ids`` returns it then), else compared."""
-    return ids is prefetched or np.array_equal(ids, prefetched)
-
-
 def _unique_ids(row_ids: NDArray, rows: int, key: Key, known=None) -> np.ndarray:
     """``row_ids``' sorted unique ids, checked to lie in the table (a new array, never a
     view of ``row_ids``); int64 host ids are read in place, a pull of every row's too."""
@@ -574,17 +551,25 @@ def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -
                                       dtype=slot.dtype).copyto(o)
 
 
-def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: List[np.ndarray], group: Group,
-                            servers: Optional[ServerLink],
+def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: Optional[List[np.ndarray]],
+                            group: Group, servers: Optional[ServerLink],
                             into: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """(this rank's sorted unique ids, their rows): the master pulls the union of the
     group's ids once and hands each rank its rows (``ids``: each out's, none for a rank
     that only takes part; ``into``: where this rank's rows go, else a new array). A rank
     that wants every row (an eval's or a checkpoint's pull) sends a marker, not the table's
-    length of ids."""
+    length of ids. ``ids`` None: every rank of the group asks for the whole table (a dense
+    weight's pull, a checkpoint's), which the master pulls and broadcasts."""
+    rows = slot.shape[0]
+    if ids is None:
+        got = into if into is not None else np.empty(slot.shape, slot.dtype)
+        if servers is not None:   # (the master holds the link)
+            got[...] = servers.pull_rows(key, np.arange(rows, dtype=np.int64), slot.shape,
+                                         slot.dtype).reshape(slot.shape)
+        broadcast_view(got, 0, group, name=f"key {key!r} from the servers", patient=True)
+        return np.arange(rows, dtype=np.int64), got
     mine = (ids[0] if len(ids) == 1 else np.unique(np.concatenate(ids))) if ids \
         else np.zeros(0, np.int64)   # (one out's ids are sorted and unique already)
-    rows = slot.shape[0]
     sent = _EVERY_ROW if len(mine) == rows else mine   # (sorted unique ids in [0, rows))
     gathered = gather_patiently([sent], group, root=0, name=f"the row ids of key {key!r}")
     packed = None
@@ -674,13 +659,3 @@ def write_rows(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray], mine: 
     for o, i in zip(outs, ids):
         part = rows if i is mine else rows[np.searchsorted(mine, i)]
         host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
-
-
-def pull_whole_table(key: Key, slot: KeySlot, into: NDArray, group: Group,
-                     servers: Optional[ServerLink]) -> None:
-    """The servers' whole table into ``into`` on every rank (``pull`` of a dense weight
-    whose rows live on the servers: Gluon pulls all of it, as with MXNet's own stores)."""
-    if servers is not None:
-        into[:] = servers.pull_rows(key, np.arange(slot.shape[0], dtype=np.int64), slot.shape,
-                                    slot.dtype).reshape(into.shape)
-    broadcast_array(into, 0, group, name=f"key {key!r} from the servers", patient=True)

@@ -5,12 +5,12 @@ its first push (``sparse.py``):
 - **rows** (in the group): rows summed with ``Allgatherv``; every rank applies the same
   lazy update to its own copy (``push_in_group``);
 - **servers**: the row group's master gathers the group's rows, sums them and pushes the
-  sum once (local aggregation). Where the communication thread runs, the push also asks
-  for the next step's rows in the same meeting and leaves them as the next pull's hint
-  (``hints.Prefetch``): the ids ``kvhybrid.prefetch`` handed over, or none
-  (``push_and_prefetch``; a group of one rank: MXNet's engine, ``push_and_prefetch_alone``).
-  Without that thread, or for a dense weight whose pull is of its whole table, it goes
-  from the caller's thread (``push_to_servers``).
+  sum once (local aggregation: ``push_and_prefetch``). On the communication thread the
+  push also asks for the next step's rows in the same meeting and leaves them as the next
+  pull's hint (``hints.Prefetch``): the ids ``kvhybrid.prefetch`` handed over, or none.
+  Without that thread, or for a dense weight whose pull is of its whole table, the same
+  job runs in place on the caller's thread, asking for no rows. A group of one rank
+  pushes through MXNet's engine instead, as ``dist_sync`` does (``push_and_prefetch_alone``).
 
 Only the rows touched travel, so traffic scales with α, not with the table.
 """
@@ -20,7 +20,7 @@ import contextlib
 import functools
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import mxnet as mx
@@ -28,7 +28,7 @@ from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError, KVHybridError, explain
 from ..tensor_collectives import Group
-from ..tensor_collectives.engine import EngineComm, when_ready
+from ..tensor_collectives.engine import IN_PLACE, EngineComm, InPlace, when_ready
 from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_view, is_host,
                                                     make_rows, new_host_row_sparse,
                                                     reads_row_ids_in_place, row_sparse_ids,
@@ -213,19 +213,22 @@ class RowPushes:
 
     def _push_to_servers(self, pushes, call) -> None:
         """The servers route: each key's rows through its row group's master, who sums them
-        and pushes the sum once (local aggregation). ``pushes``: (push, whether it asks for
-        the next step's rows: ``asks_prefetch``). Those that ask go in one hand-out of the
-        communication thread (``_push_and_prefetch``), with the ranks' agreement where
+        and pushes the sum once (local aggregation), in one hand-out (``push_and_prefetch``).
+        ``pushes``: (push, whether it asks for the next step's rows: ``asks_prefetch``).
+        Those that ask go on the communication thread, with the ranks' agreement where
         ``call`` is not None; the others (no communication thread, or a dense weight, whose
-        pull is of the whole table) go from the caller's thread, the call agreed already."""
-        handed, placement = [], self.placement
-        for p, asks in pushes:
-            if asks:
-                handed.append(p)
-                continue
+        pull is of the whole table) ask for no rows and run in place, the call agreed
+        already."""
+        in_place = [p for p, asks in pushes if not asks]
+        for p in in_place:
             self.pulls.take_hint(p.key)
             self._prefetch_ids.pop(p.key, None)
-            push_to_servers(p.key, p.slot, p.arrays, p.ids, placement.row_group, placement.servers)
+            p.next_ids, p.handed = np.zeros(0, np.int64), None
+        if in_place:
+            row_group = self.placement.row_group
+            push_and_prefetch(in_place, row_group, self.placement.servers, IN_PLACE, row_group,
+                              (None, "agreed"))
+        handed = [p for p, asks in pushes if asks]
         if handed:
             self._push_and_prefetch(handed, call or (None, "agreed"), agreed=call is None)
         for p, _ in pushes:
@@ -312,28 +315,17 @@ def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.nd
         grad.copyto(slot.value)
 
 
-def push_to_servers(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
-                    group: Group, servers: Optional[ServerLink]) -> None:
-    """Local aggregation: the master gathers the group's rows, sums them and pushes the
-    sum (an empty one too: in sync mode the servers wait for every group's push).
-    ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
-    gathered = gather_patiently(local_rows(arrays, ids), group, root=0, name=f"key {key!r}")
-    if servers is None:   # (the master holds the link)
-        return
-    (all_ids, counts), (all_rows, _) = gathered
-    ids, rows = sum_rows(all_ids, all_rows, counts)
-    group.bytes_sent["servers"] += ids.nbytes + rows.nbytes
-    servers.push_rows(key, ids, rows, slot.shape, slot.dtype)
-
-
 def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
-                      servers: Optional[ServerLink], comm: EngineComm, hand_out_group: Group,
+                      servers: Optional[ServerLink], comm: Union[EngineComm, InPlace],
+                      hand_out_group: Group,
                       call: Tuple[Optional[str], Optional[str]],
                       agree_in: Optional[Group] = None,
                       retired: Optional[list] = None) -> List[Prefetch]:
-    """``push_to_servers`` of one or more keys, their agreement and the pull of the next
-    step's rows in one meeting, all of it on the communication thread (``comm``) while every
-    caller's thread goes on: every rank's rows and next ids of every key, and its call
+    """Local aggregation of one or more keys (the master sums the group's rows and pushes
+    the sum once: an empty one too, as in sync mode the servers wait for every group's
+    push), their agreement and the pull of the next step's rows in one meeting, all of it
+    on the communication thread (``comm``; ``IN_PLACE`` where none runs: the caller's)
+    while every caller's thread goes on: every rank's rows and next ids of every key, and its call
     (``call``: its local error, or its signature), go to the master in one gather over
     ``hand_out_group`` (``group``'s ranks on a communicator of that thread). The master
     then compares the calls and, if they match, pushes each key's sum and at once asks the

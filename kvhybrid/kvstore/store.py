@@ -25,7 +25,7 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import mxnet as mx
@@ -90,6 +90,8 @@ class ResumeState:
     dense_on_servers: bool
     #: hybrid-mpi-elastic: each key's steps since its last exchange (restored in place)
     step_counts: Dict[Key, int]
+    #: ``(key, slot, into)``: a table whose rows live on the servers, whole, on every rank
+    pull_table: Callable[[Key, KeySlot, mx.nd.NDArray], None]
 
 
 class HybridMPIStore(mx.kv.KVStore):
@@ -152,11 +154,6 @@ class HybridMPIStore(mx.kv.KVStore):
     def group(self):
         """This client group (the ranks of one mpirun job)."""
         return self.placement.group
-
-    @property
-    def row_group(self):
-        """The ranks whose rows one master exchanges with the servers (``placement.py``)."""
-        return self.placement.row_group
 
     @property
     def engine(self) -> Optional[EngineComm]:
@@ -491,7 +488,8 @@ class HybridMPIStore(mx.kv.KVStore):
             slots=self._slots, servers=placement.servers, updater=self._updater,
             client_rank=placement.client_rank, num_clients=placement.num_clients,
             groups_differ=self.mode.groups_differ(placement.num_clients),
-            dense_on_servers=placement.dense_on_servers, step_counts=self.mode.step_counts())
+            dense_on_servers=placement.dense_on_servers, step_counts=self.mode.step_counts(),
+            pull_table=self.pulls.pull_table)
 
     def agree_on(self, what: str, build, about: str = ""):
         """Run ``build()`` on every rank (it returns (result, signature), or raises
@@ -514,7 +512,7 @@ class HybridMPIStore(mx.kv.KVStore):
     def collectives(self) -> Dict[str, int]:
         """Collectives this rank has entered so far: on the group (agreements, rows,
         broadcasts: the meetings on the caller's thread) and engine buckets."""
-        groups = {self.group, self.row_group}
+        groups = {self.group, self.placement.row_group}
         engine = {self._engine.group, self.pulls.hand_out_group} if self._engine else set()
         return {"group": sum(g.watchdog.collectives for g in groups),
                 "engine": sum(g.watchdog.collectives for g in engine)}
@@ -543,7 +541,7 @@ class HybridMPIStore(mx.kv.KVStore):
         self.pulls.settle()
         with self.group.watchdog.waiting(f"a barrier on group {self.group.name}"):
             self.group.comm.Barrier()
-        if self.placement.sum_across_groups or self.row_group is not self.group:
+        if self.placement.sum_across_groups or self.placement.row_group is not self.group:
             if self.placement.servers is not None:
                 self.placement.servers.barrier()
             with self.group.watchdog.waiting("the masters to leave the servers' barrier"):

@@ -223,6 +223,29 @@ def when_ready(name: str, reads: Sequence[NDArray], callback: Callable[[], None]
         raise
 
 
+class InPlace:
+    """``EngineComm.submit``'s work run at once on the caller's thread, once MXNet's engine
+    has written what it reads and let go of what it writes: the executor of a job where no
+    communication thread runs, so that a path has one function whichever thread runs it."""
+
+    @staticmethod
+    def submit(name: str, arrays: Sequence[NDArray], work: Callable[[], None],
+               priority: int = 0, reads: Sequence[NDArray] = (),
+               cleanup: Optional[Callable[[], None]] = None) -> None:
+        for a in reads:
+            a.wait_to_read()
+        for a in arrays:
+            check_call(_LIB.MXNDArrayWaitToWrite(a.handle))
+        try:
+            work()
+        finally:
+            if cleanup is not None:
+                cleanup()
+
+
+IN_PLACE = InPlace()
+
+
 class EngineComm:
     """Runs collectives of one group (``group``: its own communicator and watchdog) as
     MXNet engine operations, in submission order, on one communication thread."""
