@@ -30,8 +30,8 @@ from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import Group
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, empty_row_sparse, host_array,
-                                                    host_row_sparse, host_view, ids_equal,
-                                                    is_host, make_rows, new_host_row_sparse,
+                                                    host_row_sparse, ids_equal, ids_in_table_of,
+                                                    make_rows, new_host_row_sparse,
                                                     rows_made_later)
 from ..tensor_collectives.operators import copy
 from ..tensor_collectives.ops import broadcast_view
@@ -469,35 +469,20 @@ class PullCheck:
 
 def _unique_ids(row_ids: NDArray, rows: int, key: Key, known=None) -> np.ndarray:
     """``row_ids``' sorted unique ids, checked to lie in the table (a new array, never a
-    view of ``row_ids``); int64 host ids are read in place, a pull of every row's too."""
-    if np.dtype(row_ids.dtype) == np.int64 and row_ids.stype == "default" and is_host(row_ids):
-        row_ids.wait_to_read()
-        ids = host_view(row_ids, np.int64, row_ids.size)
-    else:
-        ids = row_ids.asnumpy().astype(np.int64).reshape(-1)
+    view of ``row_ids``)."""
+    ids = _ids_in_table(row_ids, rows, key)
     if known is not None and np.array_equal(ids, known[0]):   # checked when handed over
         return known[1]
-    ids = unique_ids(ids, rows)   # (in the C++ helper where it runs; numpy's sort else)
-    if len(ids) and (ids[0] < 0 or ids[-1] >= rows):
-        raise KeyValueError(f"row_ids of key {key!r} hold {ids[0] if ids[0] < 0 else ids[-1]}, "
-                            f"outside the table's {rows} rows: pass ids in [0, {rows})")
-    return ids
-
-
-#: id dtypes the C++ helper checks in place
-_IDS_READ_IN_PLACE = tuple(np.dtype(t) for t in (np.int64, np.int32, np.float32, np.float64))
+    return unique_ids(ids, rows)   # (in the C++ helper where it runs; numpy's sort else)
 
 
 def _ids_in_table(row_ids: NDArray, rows: int, key: Key) -> np.ndarray:
-    """``row_ids`` as they came, copied flat as int64 and checked to lie in the table, read
-    in place where they are host ids."""
-    dtype = np.dtype(row_ids.dtype)
-    if dtype in _IDS_READ_IN_PLACE and row_ids.stype == "default" and is_host(row_ids):
-        row_ids.wait_to_read()
-        values = host_view(row_ids, dtype, row_ids.size)
-    else:
-        values = row_ids.asnumpy().reshape(-1)
-    return table_ids(values, rows, lambda bad: KeyValueError(
+    """``row_ids`` as they came, copied flat as int64 and checked to lie in the table: in
+    one call of the C++ helper where they are host ids, else through numpy."""
+    got = ids_in_table_of(row_ids, rows)
+    if got is not None:
+        return got
+    return table_ids(row_ids.asnumpy().reshape(-1), rows, lambda bad: KeyValueError(
         f"row_ids of key {key!r} hold {bad}, outside the table's {rows} rows: pass ids in "
         f"[0, {rows})"))
 

@@ -11,11 +11,14 @@
 //   those handed over (read in place, not copied into numpy first), and the engine copy
 //   of the rows into the out that MXNet's own kvstore pushes (CopyFromTo), without the
 //   operator dispatch of `_copyto` (its name lookup, shape and storage inference).
+// - A pull's row ids, checked to lie in the table and copied as int64 in one call, read where
+//   they lie once the engine wrote them.
 // - Room for rows in a row_sparse array made without memory, from inside the engine operation
 //   that writes it: its row count is known only there (the prefetched rows' hand-out), while
 //   a pull's engine copy of it was queued before, behind that operation.
 #include <cstdint>
 #include <exception>
+#include <type_traits>
 
 #include <mxnet/c_api.h>
 #include <mxnet/ndarray.h>
@@ -29,6 +32,24 @@ int equal_as(const void* data, const int64_t* expected, int64_t count) {
     if (static_cast<As>(values[i]) != static_cast<As>(expected[i])) return 0;
   }
   return 1;
+}
+
+// ``count`` ids as int64 into ``out``, as numpy's cast does (a float truncated toward
+// zero); false at the first one whose cast lies outside [0, rows) (a float that is not a
+// number among them).
+template <typename T>
+bool copy_in_table(const void* data, int64_t count, int64_t rows, int64_t* out) {
+  const T* ids = static_cast<const T*>(data);
+  for (int64_t i = 0; i < count; ++i) {
+    const T id = ids[i];
+    if constexpr (std::is_floating_point<T>::value) {
+      if (!(id > T(-1) && id < T(rows))) return false;
+    } else if (id < 0 || static_cast<int64_t>(id) >= rows) {
+      return false;
+    }
+    out[i] = static_cast<int64_t>(id);
+  }
+  return true;
 }
 
 }  // namespace
@@ -75,6 +96,39 @@ int kvhybrid_ids_equal(void* handle, const int64_t* expected, int64_t count) {
     case mshadow::kInt8: return equal_as<int8_t, int64_t>(data, expected, count);
     default: return -2;
   }
+}
+
+// A batch's row ids in a dense host array (float32, float64, int32 or int64), once the
+// engine has written them, copied as int64 into `out` (room for `room`) if each lies in
+// [0, rows): the checks and the read of a pull's ids in one call, where MXNet's C API takes
+// one call for each of the array's dtype, storage, device, data and shape. Sets *count to
+// the array's size. Returns 0, 1 more ids than `room` (nothing copied), or where it cannot:
+// -1 not a dense host array, -2 a dtype it does not read, -3 MXNet failed, -5 an id outside
+// [0, rows) (the caller reads them with numpy, which names it).
+int kvhybrid_ids_in_table(void* handle, int64_t rows, int64_t* out, int64_t room,
+                          int64_t* count) {
+  const auto* array = static_cast<const mxnet::NDArray*>(handle);
+  if (array->is_none() || array->storage_type() != mxnet::kDefaultStorage ||
+      array->ctx().dev_mask() != mshadow::cpu::kDevMask) {
+    return -1;
+  }
+  *count = static_cast<int64_t>(array->shape().Size());
+  if (*count > room) return 1;
+  const int dtype = array->dtype();
+  if (dtype != mshadow::kFloat32 && dtype != mshadow::kFloat64 && dtype != mshadow::kInt32 &&
+      dtype != mshadow::kInt64) {
+    return -2;
+  }
+  void* data = nullptr;
+  if (MXNDArrayWaitToRead(handle) != 0 || MXNDArrayGetData(handle, &data) != 0) return -3;
+  bool fits = false;
+  switch (dtype) {
+    case mshadow::kFloat32: fits = copy_in_table<float>(data, *count, rows, out); break;
+    case mshadow::kFloat64: fits = copy_in_table<double>(data, *count, rows, out); break;
+    case mshadow::kInt32: fits = copy_in_table<int32_t>(data, *count, rows, out); break;
+    default: fits = copy_in_table<int64_t>(data, *count, rows, out); break;
+  }
+  return fits ? 0 : -5;
 }
 
 // Queue MXNet's engine copy of `from` into `to` (any storage, the same shape; a row_sparse

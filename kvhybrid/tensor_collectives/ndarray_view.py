@@ -273,11 +273,16 @@ _HELPER = Helper("_ndarray_aux", "KVHYBRID_CPP_HELPER", "row ids are read throug
                       ctypes.c_void_p, ctypes.c_int]),
                   "kvhybrid_alloc_rows": (ctypes.c_int, [
                       ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
-                      ctypes.POINTER(ctypes.c_void_p)])})
+                      ctypes.POINTER(ctypes.c_void_p)]),
+                  "kvhybrid_ids_in_table": (ctypes.c_int, [
+                      ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                      ctypes.POINTER(ctypes.c_int64)])})
 _NATIVE: list = []    # [kvhybrid_row_sparse_ids, or None], once checked
 _PULL: list = []      # [(kvhybrid_ids_equal, kvhybrid_engine_copy, kvhybrid_pull_prefetched
 #                        or None), or None], once checked
 _ALLOC: list = []     # [kvhybrid_alloc_rows, or None], once checked
+_IDS: list = []       # [kvhybrid_ids_in_table, or None], once checked
+_IDS_ROOM = [4096]    # how many ids ``ids_in_table_of`` makes room for first: the most seen
 
 
 def _library() -> Optional[ctypes.CDLL]:
@@ -359,6 +364,49 @@ def ids_equal(arr: NDArray, ids: np.ndarray) -> Optional[bool]:
 def _ids_equal(functions, arr: NDArray, ids: np.ndarray) -> Optional[bool]:
     answer = functions[0](arr.handle, ids.ctypes.data, len(ids))
     return None if answer < 0 else bool(answer)
+
+
+def ids_in_table_of(arr: NDArray, rows: int) -> Optional[np.ndarray]:
+    """A batch's row ids in the dense host array ``arr`` (float32, float64, int32 or int64),
+    once the engine has written them, copied flat as int64 if each lies in [0, ``rows``):
+    one call of the helper. None where it cannot (no helper, another device or dtype) or
+    an id lies outside: read them with numpy then, which names it."""
+    function = _native_ids()
+    if function is None:
+        return None
+    count = ctypes.c_int64()
+    out = np.empty(_IDS_ROOM[0], np.int64)
+    answer = function(arr.handle, rows, out.ctypes.data, len(out), ctypes.byref(count))
+    if answer == 1:   # (more than any batch before: room for them, and again)
+        _IDS_ROOM[0] = count.value
+        out = np.empty(count.value, np.int64)
+        answer = function(arr.handle, rows, out.ctypes.data, len(out), ctypes.byref(count))
+    return out[:count.value] if answer == 0 else None
+
+
+def _native_ids():
+    """The helper's ``kvhybrid_ids_in_table``, or None where it was not built (or before
+    it was in it), is turned off, or answers otherwise than numpy on arrays made here."""
+    if _IDS:
+        return _IDS[0]
+    lib = _library()
+    function = getattr(lib, "kvhybrid_ids_in_table", None) if lib is not None else None
+    if function is not None:
+        def read(arr, rows=16):
+            out, count = np.empty(8, np.int64), ctypes.c_int64()
+            answer = function(arr.handle, rows, out.ctypes.data, len(out), ctypes.byref(count))
+            return out[:count.value].tolist() if answer == 0 else answer
+
+        answers = [read(mx.nd.array([11, 2, 5.9, 2], dtype=dtype))
+                   for dtype in ("float32", "float64", "int32", "int64")]
+        answers += [read(mx.nd.array([2, 16], dtype="int64")), read(mx.nd.array([-1, 2])),
+                    read(mx.nd.array([2, 5]), rows=5), read(mx.nd.arange(9)),
+                    read(mx.nd.array([2, 5], dtype="uint8"))]
+        if answers != [[11, 2, 5, 2]] * 2 + [[11, 2, 5, 2]] * 2 + [-5, -5, -5, 1, -2]:
+            _reads_wrong("reads this MXNet's row ids")
+            function = None
+    _IDS.append(function)
+    return function
 
 
 def ids_address(ids: np.ndarray) -> Optional[int]:

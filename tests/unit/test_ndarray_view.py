@@ -9,7 +9,8 @@ import pytest
 from kvhybrid.tensor_collectives.ndarray_view import (_native_pull, copy_if_ids_equal,
                                                     empty_row_sparse, engine_copy, ids_address,
                                                     host_array, host_row_sparse,
-                                                    host_view, ids_equal, is_host,
+                                                    host_view, ids_equal, ids_in_table_of,
+                                                    is_host,
                                                     new_host_row_sparse,
                                                     reads_row_ids_in_place, row_sparse_ids,
                                                     wait_to_write)
@@ -122,7 +123,7 @@ def test_row_ids_are_a_copy_that_outlives_the_next_backward():
 def test_without_the_helper_row_ids_come_through_mxnet(monkeypatch):
     # a machine without a compiler (or KVHYBRID_CPP_HELPER=0): the same ids, the engine's way
     from kvhybrid.tensor_collectives import ndarray_view
-    for found in ("_NATIVE", "_PULL"):
+    for found in ("_NATIVE", "_PULL", "_IDS"):
         monkeypatch.setattr(ndarray_view, found, [])
     monkeypatch.setattr(ndarray_view._HELPER, "loaded", [])
     monkeypatch.setenv("KVHYBRID_CPP_HELPER", "0")
@@ -137,6 +138,7 @@ def test_without_the_helper_row_ids_come_through_mxnet(monkeypatch):
     handed = np.array([1, 4], np.int64)
     assert copy_if_ids_equal(mx.nd.array([1, 4]), handed, ids_address(handed), grad,
                              mx.nd.sparse.zeros("row_sparse", (100, 4))) is None
+    assert ids_in_table_of(mx.nd.array([1, 4]), 100) is None   # (numpy reads them then)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "uint8", "int8"])
@@ -158,6 +160,31 @@ def test_ids_that_are_not_whole_or_not_readable_in_place():
     rows = mx.nd.sparse.row_sparse_array((np.ones((2, 1), np.float32), ids), shape=(8, 1))
     assert ids_equal(rows, ids) is None
     assert ids_equal(mx.nd.array([2, 5]), ids.astype(np.int32)) is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_a_batchs_ids_are_read_in_place_as_numpys_cast(dtype):
+    values = [[7, 0.9, 3], [7, 2, 9.5]] if dtype.startswith("float") else [[7, 0, 3], [7, 2, 9]]
+    batch = mx.nd.array(values, dtype=dtype) * 1   # (written by the engine: waited for)
+    got = ids_in_table_of(batch, 10)
+    assert got.dtype == np.int64 and got.tolist() == np.array(values, dtype).astype(
+        np.int64).reshape(-1).tolist()
+    got[0] = 5   # (a copy: the batch's array keeps its ids)
+    assert batch.asnumpy().reshape(-1)[0] == 7
+
+
+def test_ids_outside_the_table_or_not_readable_in_place_are_left_to_numpy():
+    assert ids_in_table_of(mx.nd.array([2, 10], dtype="int64"), 10) is None
+    assert ids_in_table_of(mx.nd.array([-1, 2]), 10) is None
+    assert ids_in_table_of(mx.nd.array([2, float("nan")]), 10) is None
+    assert ids_in_table_of(mx.nd.array([2, 5], dtype="float16"), 10) is None
+    assert ids_in_table_of(mx.nd.sparse.zeros("row_sparse", (10, 2)), 10) is None
+
+
+def test_a_batch_larger_than_any_before_gets_room_for_its_ids():
+    many = np.random.RandomState(0).randint(0, 10**6, size=100_000)
+    assert ids_in_table_of(mx.nd.array(many, dtype="int64"), 10**6).tolist() == many.tolist()
+    assert ids_in_table_of(mx.nd.array([3, 1], dtype="int64"), 10).tolist() == [3, 1]
 
 
 def test_an_empty_row_sparse_array_is_mxnets_own_and_each_call_makes_a_new_one():
