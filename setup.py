@@ -51,6 +51,7 @@ setup(
     # (all but _ids, a Python module)
     ext_modules=[Extension("kvhybrid.tensor_collectives._ndarray_aux",
                            ["kvhybrid/tensor_collectives/ndarray_aux.cc"], language="c++",
+                           depends=["kvhybrid/tensor_collectives/ids_in_table.h"],
                            libraries=["mxnet"],   # (MXNet's C API and CopyFromTo)
                            extra_compile_args=["-O2", "-std=c++17"], optional=True),
                  # the sleeping barrier of a group's ranks on one host (needs no MXNet)
@@ -71,6 +72,7 @@ setup(
                  # imported: called on the caller's thread every step)
                  Extension("kvhybrid.tensor_collectives._ids",
                            ["kvhybrid/tensor_collectives/ids.cc"], language="c++",
+                           depends=["kvhybrid/tensor_collectives/ids_in_table.h"],
                            extra_compile_args=["-O3", "-std=c++17"], optional=True),
                  # the store's SGD update on its communication thread (needs no MXNet; no
                  # contraction into FMA, as MXNet's own kernel)

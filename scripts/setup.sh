@@ -61,7 +61,9 @@ if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "
     || [ -z "$sgd" ] || [ kvhybrid/kvstore/sgd_update.cc -nt "$sgd" ] \
     || [ -z "$start" ] || [ kvhybrid/tensor_collectives/engine_start.cc -nt "$start" ] \
     || [ -z "$rows" ] || [ kvhybrid/tensor_collectives/rows.cc -nt "$rows" ] \
-    || [ -z "$ids" ] || [ kvhybrid/tensor_collectives/ids.cc -nt "$ids" ]; then
+    || [ -z "$ids" ] || [ kvhybrid/tensor_collectives/ids.cc -nt "$ids" ] \
+    || [ kvhybrid/tensor_collectives/ids_in_table.h -nt "$ids" ] \
+    || [ kvhybrid/tensor_collectives/ids_in_table.h -nt "$helper" ]; then
   log "installing kvhybrid (editable, its C++ helper built against MXNet)"
   install_log="$VENV/kvhybrid-install.log"
   if ! "$PY" -m pip install --disable-pip-version-check --no-deps --no-build-isolation -e . >"$install_log" 2>&1; then

@@ -7,27 +7,10 @@
 #include <Python.h>
 
 #include <cstdint>
-#include <type_traits>
+
+#include "ids_in_table.h"
 
 namespace {
-
-// ``count`` ids as int64 into ``out``, as numpy's cast does (a float truncated toward
-// zero); false at the first one whose cast lies outside [0, rows) (a float that is not a
-// number among them).
-template <typename T>
-bool ids_in_table(const void* from, Py_ssize_t count, int64_t rows, int64_t* out) {
-  const T* ids = static_cast<const T*>(from);
-  for (Py_ssize_t i = 0; i < count; ++i) {
-    const T id = ids[i];
-    if constexpr (std::is_floating_point<T>::value) {
-      if (!(id > T(-1) && id < T(rows))) return false;
-    } else if (id < 0 || static_cast<int64_t>(id) >= rows) {
-      return false;
-    }
-    out[i] = static_cast<int64_t>(id);
-  }
-  return true;
-}
 
 // Whether the ids of a buffer of format ``format`` (one struct character: float32,
 // float64, int32 or int64) fit, copied into ``out``; false for any other format.
@@ -36,6 +19,7 @@ bool copy_ids(const Py_buffer& ids, int64_t rows, int64_t* out) {
   if (format[0] == '=' || format[0] == '@') ++format;   // (native order; numpy writes none)
   if (format[0] == '\0' || format[1] != '\0') return false;
   const Py_ssize_t count = ids.len / ids.itemsize;
+  using kvhybrid::ids_in_table;
   switch (format[0]) {
     case 'f': return ids.itemsize == 4 && ids_in_table<float>(ids.buf, count, rows, out);
     case 'd': return ids.itemsize == 8 && ids_in_table<double>(ids.buf, count, rows, out);

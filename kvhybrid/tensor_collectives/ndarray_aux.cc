@@ -18,10 +18,11 @@
 //   a pull's engine copy of it was queued before, behind that operation.
 #include <cstdint>
 #include <exception>
-#include <type_traits>
 
 #include <mxnet/c_api.h>
 #include <mxnet/ndarray.h>
+
+#include "ids_in_table.h"
 
 namespace {
 
@@ -32,24 +33,6 @@ int equal_as(const void* data, const int64_t* expected, int64_t count) {
     if (static_cast<As>(values[i]) != static_cast<As>(expected[i])) return 0;
   }
   return 1;
-}
-
-// ``count`` ids as int64 into ``out``, as numpy's cast does (a float truncated toward
-// zero); false at the first one whose cast lies outside [0, rows) (a float that is not a
-// number among them).
-template <typename T>
-bool copy_in_table(const void* data, int64_t count, int64_t rows, int64_t* out) {
-  const T* ids = static_cast<const T*>(data);
-  for (int64_t i = 0; i < count; ++i) {
-    const T id = ids[i];
-    if constexpr (std::is_floating_point<T>::value) {
-      if (!(id > T(-1) && id < T(rows))) return false;
-    } else if (id < 0 || static_cast<int64_t>(id) >= rows) {
-      return false;
-    }
-    out[i] = static_cast<int64_t>(id);
-  }
-  return true;
 }
 
 }  // namespace
@@ -123,10 +106,10 @@ int kvhybrid_ids_in_table(void* handle, int64_t rows, int64_t* out, int64_t room
   if (MXNDArrayWaitToRead(handle) != 0 || MXNDArrayGetData(handle, &data) != 0) return -3;
   bool fits = false;
   switch (dtype) {
-    case mshadow::kFloat32: fits = copy_in_table<float>(data, *count, rows, out); break;
-    case mshadow::kFloat64: fits = copy_in_table<double>(data, *count, rows, out); break;
-    case mshadow::kInt32: fits = copy_in_table<int32_t>(data, *count, rows, out); break;
-    default: fits = copy_in_table<int64_t>(data, *count, rows, out); break;
+    case mshadow::kFloat32: fits = kvhybrid::ids_in_table<float>(data, *count, rows, out); break;
+    case mshadow::kFloat64: fits = kvhybrid::ids_in_table<double>(data, *count, rows, out); break;
+    case mshadow::kInt32: fits = kvhybrid::ids_in_table<int32_t>(data, *count, rows, out); break;
+    default: fits = kvhybrid::ids_in_table<int64_t>(data, *count, rows, out); break;
   }
   return fits ? 0 : -5;
 }
