@@ -32,7 +32,7 @@ from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, empty_row_sparse, host_array,
                                                     host_row_sparse, ids_equal, ids_in_table_of,
                                                     make_rows, new_host_row_sparse,
-                                                    rows_made_later)
+                                                    rows_made_later, takes_rows_in_place)
 from ..tensor_collectives.operators import copy
 from ..tensor_collectives.ops import broadcast_view
 from ..tensor_collectives.rows import (by_rank, gather_patiently, ids_in_table, scatter_bytes,
@@ -376,12 +376,16 @@ class PullCheck:
         #: per item of ``work``, where a pull this rank needs served has one out and some
         #: ids per item: (a host row_sparse array for those ids, a view of its rows, None
         #: until the served pull gives it its rows: ``make_rows``), which the served pull
-        #: fills (``copy_out``); else None
+        #: fills: the out itself where it can take them so, else an array the engine copies
+        #: into the out (``copy_out``); else None
         self.targets: Optional[List[Tuple[NDArray, Optional[np.ndarray]]]] = None
         if not covered and error is None and work is not None \
                 and all(len(o) == 1 and len(i[0]) for _, _, o, i in work):
             if rows_made_later():   # (the job makes their rows: their count is known there)
-                self.targets = [(empty_row_sparse(s.shape, s.dtype), None) for _, s, _, _ in work]
+                distinct = len({id(o[0]) for _, _, o, _ in work}) == len(work)
+                self.targets = [
+                    (o[0] if distinct and takes_rows_in_place(o[0], s.shape, s.dtype)
+                     else empty_row_sparse(s.shape, s.dtype), None) for _, s, o, _ in work]
             else:
                 self._sort_ids()
                 self.targets = [new_host_row_sparse(i[0], s.shape, s.dtype)
@@ -447,19 +451,23 @@ class PullCheck:
         return needs
 
     def copy_out(self) -> None:
-        """Engine copies of the targets into the outs: each waits for the served pull that
-        fills its target (``start``), the caller's thread for nothing. A pull whose calls
-        differed leaves zeros there, and every rank raises at its next store call."""
+        """Engine copies of the targets into the outs that are not their own targets: each
+        waits for the served pull that fills its target (``start``), the caller's thread for
+        nothing. A pull whose calls differed leaves zeros there, and every rank raises at its
+        next store call."""
         for (array, _), (_, _, outs, _) in zip(self.targets, self.work):
-            copy(array, outs[0])
+            if array is not outs[0]:
+                copy(array, outs[0])
 
     def _zero_unserved(self) -> None:
         """After the served pull's job, on the communication thread: targets it did not
-        fill (it failed) hold zeros, not whatever their memory held."""
+        fill (it failed) hold zeros, not whatever their memory held (an out its last rows)."""
         if not self.done.is_set():
-            for _, rows in self.targets:   # (an array given no rows reads as zeros)
+            for array, rows in self.targets:
                 if rows is not None:
                     rows.fill(0)
+                elif rows_made_later():   # (an array given no rows reads as zeros)
+                    make_rows(array, _NO_IDS)
 
     def write_rows(self) -> None:
         """A served pull's rows into its outs (on the caller's thread, once ``done``)."""
@@ -565,6 +573,10 @@ def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: Optional[List[np.ndarr
     scatter_bytes(packed, got, group, name=f"the rows of key {key!r}")
     return mine, got
 
+
+#: no row ids
+_NO_IDS = np.zeros(0, np.int64)
+_NO_IDS.flags.writeable = False
 
 #: what a rank that wants every row of a table sends in place of its ids
 _EVERY_ROW = np.array([-1], np.int64)

@@ -13,9 +13,9 @@
 //   operator dispatch of `_copyto` (its name lookup, shape and storage inference).
 // - A pull's row ids, checked to lie in the table and copied as int64 in one call, read where
 //   they lie once the engine wrote them.
-// - Room for rows in a row_sparse array made without memory, from inside the engine operation
-//   that writes it: its row count is known only there (the prefetched rows' hand-out), while
-//   a pull's engine copy of it was queued before, behind that operation.
+// - Room for rows in a row_sparse array, from inside the engine operation that writes it: its
+//   row count is known only there (the prefetched rows' hand-out, a served pull), while reads
+//   of it were queued before, behind that operation.
 #include <cstdint>
 #include <exception>
 
@@ -139,17 +139,17 @@ int kvhybrid_pull_prefetched(void* ids, const int64_t* expected, int64_t count,
   return kvhybrid_engine_copy(from, to, priority) == 0 ? 1 : -4;
 }
 
-// Give a host row_sparse array made without memory (delay_alloc) room for `count` rows, from
-// the engine operation that writes it (no other operation may touch it meanwhile): *ids
-// points where its `count` int64 row ids go, *rows where its rows go (null when `count` is
-// 0). Returns 0, or: 1 not row_sparse, 2 not in host memory, 3 ids not int64, 5 it has
-// memory already, 6 MXNet failed.
+// Give a host row_sparse array room for `count` rows (made without memory, delay_alloc, or
+// holding rows already, whose memory it reuses where large enough, as MXNet's own copy into
+// a row_sparse out does), from the engine operation that writes it (no other operation may
+// touch it meanwhile): *ids points where its `count` int64 row ids go, *rows where its rows
+// go (null when `count` is 0). Returns 0, or: 1 not row_sparse, 2 not in host memory, 3 ids
+// not int64, 6 MXNet failed.
 int kvhybrid_alloc_rows(void* handle, int64_t count, int64_t** ids, void** rows) {
   auto* array = static_cast<mxnet::NDArray*>(handle);
   if (array->is_none() || array->storage_type() != mxnet::kRowSparseStorage) return 1;
   if (array->ctx().dev_mask() != mshadow::cpu::kDevMask) return 2;
   if (array->aux_type(mxnet::rowsparse::kIdx) != mshadow::kInt64) return 3;
-  if (array->storage_initialized()) return 5;
   try {
     array->CheckAndAlloc({mxnet::TShape(mshadow::Shape1(count))});
   } catch (const std::exception&) {

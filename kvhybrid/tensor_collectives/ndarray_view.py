@@ -129,10 +129,11 @@ def rows_made_later() -> bool:
 
 
 def make_rows(arr: RowSparseNDArray, ids: np.ndarray) -> np.ndarray:
-    """Give ``arr`` (an ``empty_row_sparse`` array, held by the running engine operation
+    """Give ``arr`` (a host row_sparse array, an ``empty_row_sparse`` one or one holding
+    rows, whose memory it reuses where large enough; held by the running engine operation
     that writes it, where ``rows_made_later``) the sorted unique ``ids`` and room for their
-    rows; returns a view of those rows for the caller to fill. Copies of ``arr`` queued
-    before, behind that operation, take the rows it was given."""
+    rows; returns a view of those rows for the caller to fill. Reads of ``arr`` queued
+    before, behind that operation, see the rows it was given."""
     ids_at, rows_at = ctypes.c_void_p(), ctypes.c_void_p()
     answer = _native_alloc()(arr.handle, len(ids), ctypes.byref(ids_at), ctypes.byref(rows_at))
     if answer != 0:
@@ -146,6 +147,26 @@ def make_rows(arr: RowSparseNDArray, ids: np.ndarray) -> np.ndarray:
         return np.empty(row_shape, dtype)
     memory_view(ids_at.value, len(ids), np.int64)[:] = ids
     return memory_view(rows_at.value, math.prod(row_shape), dtype, owner=arr).reshape(row_shape)
+
+
+def takes_rows_in_place(arr: NDArray, shape, dtype) -> bool:
+    """Whether ``make_rows`` can give ``arr`` rows of a table of ``shape`` and ``dtype`` (a
+    host row_sparse array of those, with int64 row ids, where ``rows_made_later``): a served
+    pull's out then takes its rows itself. Looked up once per array (Gluon's and Module's
+    outs are the same arrays every step); the entry keeps the array alive, so its handle
+    cannot be reused meanwhile."""
+    entry = _TAKES_ROWS.get(arr.handle.value)
+    if entry is None:
+        if len(_TAKES_ROWS) >= 1024:   # (a loop that pulls into new arrays every step)
+            _TAKES_ROWS.clear()
+        rows = (rows_made_later() and arr.stype == "row_sparse" and is_host(arr)
+                and np.dtype(arr._aux_type(0)) == np.int64)
+        entry = _TAKES_ROWS[arr.handle.value] = (arr, rows, tuple(arr.shape), np.dtype(arr.dtype))
+    return entry[1] and entry[2] == tuple(shape) and entry[3] == dtype
+
+
+#: ``takes_rows_in_place``'s answers: (the array, kept alive; the answer), by handle
+_TAKES_ROWS: dict = {}
 
 
 def _native_alloc():
@@ -166,6 +187,15 @@ def _native_alloc():
             memory_view(ids_at.value, 3, np.int64)[:] = ids
             memory_view(rows_at.value, 6, np.float32)[:] = values.reshape(-1)
             right = (np.array_equal(made.indices.asnumpy(), ids)
+                     and np.array_equal(made.asnumpy(), want.asnumpy()))
+        # an array holding rows is given others (a served pull's out)
+        right = right and function(made.handle, 2, ctypes.byref(ids_at),
+                                   ctypes.byref(rows_at)) == 0
+        if right:
+            memory_view(ids_at.value, 2, np.int64)[:] = ids[1:]
+            memory_view(rows_at.value, 4, np.float32)[:] = values[1:].reshape(-1)
+            want = mx.nd.sparse.row_sparse_array((values[1:], ids[1:]), shape=(16, 2))
+            right = (np.array_equal(made.indices.asnumpy(), ids[1:])
                      and np.array_equal(made.asnumpy(), want.asnumpy()))
         if not right:
             _reads_wrong("gives this MXNet's arrays their rows")

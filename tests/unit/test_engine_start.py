@@ -66,3 +66,33 @@ def test_rows_made_inside_the_operation_that_writes_them_reach_a_copy_queued_bef
     assert out.indices.asnumpy().tolist() == [1, 4, 9]
     assert out.data.asnumpy().tolist() == [[10, 11], [12, 13], [14, 15]]
     comm.close()
+
+
+def test_an_out_holding_rows_takes_others_from_the_operation_that_writes_it(group):
+    # a served pull into Gluon's weight: the out holds last step's rows; the operation gives
+    # it this step's, and a read queued after it sees them (a read before, the old ones)
+    import numpy as np
+    from kvhybrid.tensor_collectives.ndarray_view import make_rows, takes_rows_in_place
+    comm = engine.EngineComm(group)
+    out = mx.nd.sparse.row_sparse_array((np.ones((2, 2), np.float32), np.array([0, 5])),
+                                        shape=(12, 2))
+    assert takes_rows_in_place(out, (12, 2), np.float32)
+    # a copy instead: into a dense out, or one of another dtype or shape than the table's
+    assert not takes_rows_in_place(mx.nd.zeros((12, 2)), (12, 2), np.float32)
+    assert not takes_rows_in_place(out, (12, 2), np.float16)
+    assert not takes_rows_in_place(out, (13, 2), np.float32)
+    before = out * 1   # queued before: the old rows
+    for count in (3, 1, 4):   # fewer rows than it held, then more (its memory grows)
+        ids = np.arange(count, dtype=np.int64) * 2 + 1
+
+        def serve():
+            make_rows(out, ids)[:] = ids[:, None] * np.ones((1, 2), np.float32)
+
+        comm.submit("served pull", [out], serve)
+        after = out * 1
+        want = np.zeros((12, 2), np.float32)
+        want[ids] = ids[:, None]
+        assert np.array_equal(after.asnumpy(), want), count
+        assert out.indices.asnumpy().tolist() == ids.tolist()
+    assert before.asnumpy()[[0, 5]].tolist() == [[1, 1], [1, 1]]
+    comm.close()
