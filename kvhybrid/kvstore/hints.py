@@ -53,7 +53,7 @@ class Prefetch:
     ``ready`` is set, or copied by MXNet's engine behind that operation."""
 
     def __init__(self, key: Key, ids: Optional[np.ndarray], handed: Optional[np.ndarray],
-                 array: NDArray, rows: Optional[np.ndarray] = None):
+                 array: Optional[NDArray], rows: Optional[np.ndarray] = None):
         #: this rank's sorted unique ids (None until MXNet's pull sorted them: pure PS)
         self.key, self.ids = key, ids
         #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was,
@@ -63,8 +63,9 @@ class Prefetch:
         #: the rows as a host row_sparse array, made at the push and written by an engine
         #: operation: a pull of exactly ``ids`` queues an engine copy of it into its out,
         #: which waits in MXNet's engine for that operation, so nothing waits on the
-        #: caller's thread (``RowPulls._pull_as_before``); ``rows``: a view of its rows
-        #: (None until that operation gave the array its rows, where it does: ``make_rows``)
+        #: caller's thread (``RowPulls._pull_as_before``); None where no rows were asked
+        #: for; ``rows``: a view of its rows (None until that operation gave the array its
+        #: rows, where it does: ``make_rows``)
         self.array, self.rows = array, rows
         self.ready = Flag()
         #: why the rows could not be handed over (set with ``ready``; the reader raises it)
@@ -84,7 +85,7 @@ class Prefetch:
         """The rows into ``outs`` (``ids``: each out's sorted unique ids, which it must
         hold: ``holds``)."""
         for o, i in zip(outs, ids):
-            if self._same_ids(i):
+            if self.array is not None and self._same_ids(i):
                 copy(self.array, o)   # (the engine copies it; nothing writes it again)
                 continue
             part = self.rows[np.searchsorted(self.ids, i)]

@@ -425,7 +425,8 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
 
     reads = [a for p in pushes if p.arrays is not None for a in p.arrays]
     try:   # (it writes the rows' arrays: engine copies of them wait for it)
-        comm.submit(f"the prefetched rows of key(s) {keys}", [f.array for f in prefetches],
+        comm.submit(f"the prefetched rows of key(s) {keys}",
+                    [f.array for f in prefetches if f.array is not None],
                     hand_out, reads=reads, cleanup=finish)
     except BaseException:   # (the thread failed before: nothing was queued)
         if done is not None:
@@ -463,7 +464,11 @@ def _prefetch_into_new_array(p: PushOfRows) -> Prefetch:
     array, which the hand-out gives its rows (``make_rows``: their count is known there).
     Without the C++ helper, which can, the array is made here with room for the rows, their
     sorted unique ids worked out first (where ``prefetch_rows`` was handed one array), far
-    costlier on the caller's thread than the empty array (``empty_row_sparse``)."""
+    costlier on the caller's thread than the empty array (``empty_row_sparse``). A push that
+    asks for no rows (a plain Trainer's or Module's step) gets no array: nothing copies it."""
+    if p.handed is None and p.next_ids is not None and not len(p.next_ids):
+        return Prefetch(p.key, p.next_ids, None, None,
+                        np.zeros((0,) + tuple(p.slot.shape[1:]), p.slot.dtype))
     if rows_made_later():
         return Prefetch(p.key, p.next_ids, p.handed, empty_row_sparse(p.slot.shape, p.slot.dtype))
     if p.next_ids is None:
