@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import logging
 import math
 from typing import Deque, Dict, List, Optional, Tuple
 
@@ -30,9 +31,10 @@ from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import Group
 from ..tensor_collectives.engine import EngineComm, when_ready
 from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, empty_row_sparse, host_array,
-                                                    host_row_sparse, ids_equal, ids_in_table_of,
-                                                    make_rows, new_host_row_sparse,
-                                                    rows_made_later, takes_rows_in_place)
+                                                    host_row_sparse, host_view, ids_equal,
+                                                    ids_in_table_of, is_host, make_rows,
+                                                    new_host_row_sparse, rows_made_later,
+                                                    takes_rows_in_place, wait_to_write)
 from ..tensor_collectives.operators import copy
 from ..tensor_collectives.ops import broadcast_view
 from ..tensor_collectives.rows import (by_rank, gather_patiently, ids_in_table, scatter_bytes,
@@ -42,6 +44,8 @@ from .hints import Flag, Prefetch
 from .keys import Key, KeySlot, check_pull_out, is_key, lookup, pairs
 from .placement import Placement
 from .ps.link import ServerLink
+
+log = logging.getLogger("kvhybrid")
 
 
 class RowPulls:
@@ -134,7 +138,9 @@ class RowPulls:
         calls ``waitall`` runs ahead. If the hand-out fails, the rows read as zeros and every
         rank raises at its next call."""
         if prefetch.handed is None or prefetch.error is not None:
-            return False   # (a failed pure-PS hand-over: the full path raises it)
+            # (no ids handed: no rows, nor an array, to replay; a failed pure-PS hand-over:
+            # the full path raises it)
+            return False
         checked = self.calls.recall("row_sparse_pull", key, out)
         if isinstance(row_ids, (list, tuple)):
             row_ids = row_ids[0] if len(row_ids) == 1 else None
@@ -166,8 +172,13 @@ class RowPulls:
     def pull_table(self, key: Key, slot: KeySlot, into: NDArray) -> None:
         """The whole table of a key whose rows live on the servers, on every rank (a dense
         weight's ``pull``, a checkpoint's, or its first push on the 'dense' route)."""
-        _, table = fetch_rows_from_servers(key, slot, None, self.placement.row_group,
-                                           self.placement.servers)
+        group, servers = self.placement.row_group, self.placement.servers
+        if into.stype == "default" and is_host(into) and np.dtype(into.dtype) == slot.dtype:
+            wait_to_write(into)   # (then broadcast into its memory)
+            fetch_rows_from_servers(key, slot, None, group, servers,
+                                    into=host_view(into).reshape(slot.shape))
+            return
+        _, table = fetch_rows_from_servers(key, slot, None, group, servers)
         into[:] = table.reshape(into.shape)
 
     def pull_every_row(self, key, out) -> None:
@@ -467,7 +478,11 @@ class PullCheck:
                 if rows is not None:
                     rows.fill(0)
                 elif rows_made_later():   # (an array given no rows reads as zeros)
-                    make_rows(array, _NO_IDS)
+                    try:
+                        make_rows(array, _NO_IDS)
+                    except RuntimeError:   # (the job's error is raised at the next call)
+                        log.exception("kvhybrid: the failed pull of key %r left its out's "
+                                      "last rows", self.key)
 
     def write_rows(self) -> None:
         """A served pull's rows into its outs (on the caller's thread, once ``done``)."""
@@ -546,13 +561,15 @@ def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -
 
 def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: Optional[List[np.ndarray]],
                             group: Group, servers: Optional[ServerLink],
-                            into: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+                            into: Optional[np.ndarray] = None
+                            ) -> Tuple[Optional[np.ndarray], np.ndarray]:
     """(this rank's sorted unique ids, their rows): the master pulls the union of the
     group's ids once and hands each rank its rows (``ids``: each out's, none for a rank
     that only takes part; ``into``: where this rank's rows go, else a new array). A rank
-    that wants every row (an eval's or a checkpoint's pull) sends a marker, not the table's
-    length of ids. ``ids`` None: every rank of the group asks for the whole table (a dense
-    weight's pull, a checkpoint's), which the master pulls and broadcasts."""
+    that wants every row (an eval's pull, Gluon's ``save_parameters``) sends a marker, not
+    the table's length of ids. ``ids`` None: every rank of the group asks for the whole
+    table (a dense weight's pull, kvhybrid's checkpoint), which the master pulls and
+    broadcasts (no ids come back then)."""
     rows = slot.shape[0]
     if ids is None:
         got = into if into is not None else np.empty(slot.shape, slot.dtype)
@@ -560,7 +577,7 @@ def fetch_rows_from_servers(key: Key, slot: KeySlot, ids: Optional[List[np.ndarr
             got[...] = servers.pull_rows(key, np.arange(rows, dtype=np.int64), slot.shape,
                                          slot.dtype).reshape(slot.shape)
         broadcast_view(got, 0, group, name=f"key {key!r} from the servers", patient=True)
-        return np.arange(rows, dtype=np.int64), got
+        return None, got
     mine = (ids[0] if len(ids) == 1 else np.unique(np.concatenate(ids))) if ids \
         else np.zeros(0, np.int64)   # (one out's ids are sorted and unique already)
     sent = _EVERY_ROW if len(mine) == rows else mine   # (sorted unique ids in [0, rows))

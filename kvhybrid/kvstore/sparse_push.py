@@ -324,8 +324,8 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
     """Local aggregation of one or more keys (the master sums the group's rows and pushes
     the sum once: an empty one too, as in sync mode the servers wait for every group's
     push), their agreement and the pull of the next step's rows in one meeting, all of it
-    on the communication thread (``comm``; ``IN_PLACE`` where none runs: the caller's)
-    while every caller's thread goes on: every rank's rows and next ids of every key, and its call
+    on the communication thread (``comm``) while every caller's thread goes on: every
+    rank's rows and next ids of every key, and its call
     (``call``: its local error, or its signature), go to the master in one gather over
     ``hand_out_group`` (``group``'s ranks on a communicator of that thread). The master
     then compares the calls and, if they match, pushes each key's sum and at once asks the
@@ -342,8 +342,12 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
 
     The rows are read where the gradient lies (``local_rows``): the job is an engine
     operation that reads the gradients, so the next backward pass cannot write them before
-    the gather has packed them. On the caller's thread the gather made a master wait there
-    for the slowest rank's backward pass."""
+    the gather has packed them (on the caller's thread the gather would make a master wait
+    there for the slowest rank's backward pass).
+
+    ``comm`` ``IN_PLACE`` (no communication thread, or a dense weight's push): the call was
+    agreed and asks for no rows, so the gather and the master's push run on the caller's
+    thread, in order with its other calls of the servers, and nothing is handed back."""
     error, signature = call
     step = current_step()   # (the caller's: its thread may be a step ahead when this runs)
     agreement, keys, row_bytes = _facts_of_push(pushes, error, signature)
@@ -373,7 +377,9 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
 
     # the master's calls of the link wait for serve (ServerLink.defer): ps-lite must see
     # this push before any later request of this process
-    done = servers.defer() if servers is not None and group.rank == 0 else None
+    in_place = comm is IN_PLACE
+    done = servers.defer() if servers is not None and group.rank == 0 and not in_place \
+        else None
 
     def hand_out() -> None:   # on the communication thread, every rank of the group
         if retired:
@@ -390,9 +396,13 @@ def push_and_prefetch(pushes: Sequence[PushOfRows], group: Group,
                  "step's row ids)")
         served = None
         if hand_out_group.rank == 0:
-            with servers.deferred(hand_out_group.watchdog) if servers is not None \
+            with servers.deferred(hand_out_group.watchdog) if done is not None \
                     else contextlib.nullcontext():
                 served = serve(gathered)
+        if in_place:   # (agreed, no rows asked for: nothing to hand back)
+            for prefetch in prefetches:
+                prefetch.ready.set()
+            return
         # the rows' memory next (where the push left it to this job), while the master
         # waits for the servers, not after
         for p, prefetch in zip(pushes, prefetches):

@@ -226,7 +226,8 @@ def when_ready(name: str, reads: Sequence[NDArray], callback: Callable[[], None]
 class InPlace:
     """``EngineComm.submit``'s work run at once on the caller's thread, once MXNet's engine
     has written what it reads and let go of what it writes: the executor of a job where no
-    communication thread runs, so that a path has one function whichever thread runs it."""
+    communication thread runs, so that a path has one function whichever thread runs it.
+    ``cleanup`` runs whatever happens; an error of ``work`` is raised here, after it."""
 
     @staticmethod
     def submit(name: str, arrays: Sequence[NDArray], work: Callable[[], None],

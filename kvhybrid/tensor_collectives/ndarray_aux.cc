@@ -95,13 +95,13 @@ int kvhybrid_ids_in_table(void* handle, int64_t rows, int64_t* out, int64_t room
       array->ctx().dev_mask() != mshadow::cpu::kDevMask) {
     return -1;
   }
-  *count = static_cast<int64_t>(array->shape().Size());
-  if (*count > room) return 1;
   const int dtype = array->dtype();
   if (dtype != mshadow::kFloat32 && dtype != mshadow::kFloat64 && dtype != mshadow::kInt32 &&
       dtype != mshadow::kInt64) {
     return -2;
   }
+  *count = static_cast<int64_t>(array->shape().Size());
+  if (*count > room) return 1;
   void* data = nullptr;
   if (MXNDArrayWaitToRead(handle) != 0 || MXNDArrayGetData(handle, &data) != 0) return -3;
   bool fits = false;
@@ -137,6 +137,24 @@ int kvhybrid_pull_prefetched(void* ids, const int64_t* expected, int64_t count,
   const int equal = kvhybrid_ids_equal(ids, expected, count);
   if (equal != 1) return equal;
   return kvhybrid_engine_copy(from, to, priority) == 0 ? 1 : -4;
+}
+
+// Whether kvhybrid_alloc_rows can give `handle` rows of a table of `ndim` dimensions `shape`
+// and MXNet dtype `dtype`: a host row_sparse array of that shape and dtype with int64 row ids.
+// Returns 1 or 0.
+int kvhybrid_takes_rows(const void* handle, int ndim, const int64_t* shape, int dtype) {
+  const auto* array = static_cast<const mxnet::NDArray*>(handle);
+  if (array->is_none() || array->storage_type() != mxnet::kRowSparseStorage ||
+      array->ctx().dev_mask() != mshadow::cpu::kDevMask ||
+      array->aux_type(mxnet::rowsparse::kIdx) != mshadow::kInt64 || array->dtype() != dtype) {
+    return 0;
+  }
+  const mxnet::TShape& own = array->shape();
+  if (own.ndim() != ndim) return 0;
+  for (int i = 0; i < ndim; ++i) {
+    if (own[i] != shape[i]) return 0;
+  }
+  return 1;
 }
 
 // Give a host row_sparse array room for `count` rows (made without memory, delay_alloc, or

@@ -152,21 +152,22 @@ def make_rows(arr: RowSparseNDArray, ids: np.ndarray) -> np.ndarray:
 def takes_rows_in_place(arr: NDArray, shape, dtype) -> bool:
     """Whether ``make_rows`` can give ``arr`` rows of a table of ``shape`` and ``dtype`` (a
     host row_sparse array of those, with int64 row ids, where ``rows_made_later``): a served
-    pull's out then takes its rows itself. Looked up once per array (Gluon's and Module's
-    outs are the same arrays every step); the entry keeps the array alive, so its handle
-    cannot be reused meanwhile."""
-    entry = _TAKES_ROWS.get(arr.handle.value)
-    if entry is None:
-        if len(_TAKES_ROWS) >= 1024:   # (a loop that pulls into new arrays every step)
-            _TAKES_ROWS.clear()
-        rows = (rows_made_later() and arr.stype == "row_sparse" and is_host(arr)
-                and np.dtype(arr._aux_type(0)) == np.int64)
-        entry = _TAKES_ROWS[arr.handle.value] = (arr, rows, tuple(arr.shape), np.dtype(arr.dtype))
-    return entry[1] and entry[2] == tuple(shape) and entry[3] == dtype
+    pull's out then takes its rows itself. One call of the helper."""
+    function = _native_alloc() and getattr(_library(), "kvhybrid_takes_rows", None)
+    if not function:
+        return False
+    args = _TABLE_ARGS.get((tuple(shape), dtype))
+    if args is None:
+        if len(_TABLE_ARGS) >= 1024:
+            _TABLE_ARGS.clear()
+        args = _TABLE_ARGS[(tuple(shape), dtype)] = (
+            ctypes.c_int(len(shape)), (ctypes.c_int64 * len(shape))(*shape),
+            ctypes.c_int(int(_DTYPE_NP_TO_MX[np.dtype(dtype).type])))
+    return function(arr.handle, *args) == 1
 
 
-#: ``takes_rows_in_place``'s answers: (the array, kept alive; the answer), by handle
-_TAKES_ROWS: dict = {}
+#: ``takes_rows_in_place``'s arguments for a table, by (shape, dtype)
+_TABLE_ARGS: dict = {}
 
 
 def _native_alloc():
@@ -304,6 +305,8 @@ _HELPER = Helper("_ndarray_aux", "KVHYBRID_CPP_HELPER", "row ids are read throug
                   "kvhybrid_alloc_rows": (ctypes.c_int, [
                       ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
                       ctypes.POINTER(ctypes.c_void_p)]),
+                  "kvhybrid_takes_rows": (ctypes.c_int, [
+                      ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]),
                   "kvhybrid_ids_in_table": (ctypes.c_int, [
                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                       ctypes.POINTER(ctypes.c_int64)])})
@@ -312,7 +315,7 @@ _PULL: list = []      # [(kvhybrid_ids_equal, kvhybrid_engine_copy, kvhybrid_pul
 #                        or None), or None], once checked
 _ALLOC: list = []     # [kvhybrid_alloc_rows, or None], once checked
 _IDS: list = []       # [kvhybrid_ids_in_table, or None], once checked
-_IDS_ROOM = [4096]    # how many ids ``ids_in_table_of`` makes room for first: the most seen
+_IDS_ROOM = [4096]    # how many ids ``ids_in_table_of`` makes room for first: the last count
 
 
 def _library() -> Optional[ctypes.CDLL]:
@@ -407,11 +410,13 @@ def ids_in_table_of(arr: NDArray, rows: int) -> Optional[np.ndarray]:
     count = ctypes.c_int64()
     out = np.empty(_IDS_ROOM[0], np.int64)
     answer = function(arr.handle, rows, out.ctypes.data, len(out), ctypes.byref(count))
-    if answer == 1:   # (more than any batch before: room for them, and again)
-        _IDS_ROOM[0] = count.value
+    if answer == 1:   # (more than the last batch: room for them, and again)
         out = np.empty(count.value, np.int64)
         answer = function(arr.handle, rows, out.ctypes.data, len(out), ctypes.byref(count))
-    return out[:count.value] if answer == 0 else None
+    if answer != 0:
+        return None
+    _IDS_ROOM[0] = max(count.value, 1)   # (a loop's batches: room for the next, exactly)
+    return out[:count.value]
 
 
 def _native_ids():

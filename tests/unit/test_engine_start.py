@@ -96,3 +96,17 @@ def test_an_out_holding_rows_takes_others_from_the_operation_that_writes_it(grou
         assert out.indices.asnumpy().tolist() == ids.tolist()
     assert before.asnumpy()[[0, 5]].tolist() == [[1, 1], [1, 1]]
     comm.close()
+
+
+def test_in_place_runs_the_job_now_once_its_inputs_are_written_and_cleans_up_after_a_failure():
+    # a push where no communication thread runs: the same job, on the caller's thread
+    big, one = mx.nd.zeros((1 << 20,)), mx.nd.ones((1 << 20,))
+    for _ in range(10):   # writes the engine has not run yet when the job is handed over
+        mx.nd.elemwise_add(big, one, out=big)
+    seen = []
+    engine.IN_PLACE.submit("job", [], lambda: seen.append(float(host_view(big)[-1])),
+                           reads=[big], cleanup=lambda: seen.append("cleanup"))
+    assert seen == [10.0, "cleanup"]   # (done before submit returned)
+    with pytest.raises(ZeroDivisionError):
+        engine.IN_PLACE.submit("broken", [], lambda: 1 / 0, cleanup=lambda: seen.append("again"))
+    assert seen[-1] == "again"
