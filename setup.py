@@ -68,6 +68,11 @@ setup(
                  Extension("kvhybrid.tensor_collectives._rows",
                            ["kvhybrid/tensor_collectives/rows.cc"], language="c++",
                            extra_compile_args=["-O3", "-std=c++17"], optional=True),
+                 # the patient waits for MPI requests, tested and slept between without
+                 # the GIL (needs no MXNet, nor MPI's headers: it calls the MPI_Test mpi4py's)
+                 Extension("kvhybrid.tensor_collectives._patient_wait",
+                           ["kvhybrid/tensor_collectives/patient_wait.cc"], language="c++",
+                           extra_compile_args=["-O2", "-std=c++17"], optional=True),
                  # a batch's row ids copied and checked (needs no MXNet; a Python module,
                  # imported: called on the caller's thread every step)
                  Extension("kvhybrid.tensor_collectives._ids",

@@ -81,7 +81,7 @@ TIMED = [
     ("kvhybrid.kvstore.sparse_pull", "make_rows", "  a served pull's rows, their memory"),
     ("kvhybrid.kvstore.sparse_pull", "PullCheck.needs_plain_pull",
      "  the check's meeting or small allreduce"),
-    ("kvhybrid.tensor_collectives.ops", "_sleep_until",
+    ("kvhybrid.tensor_collectives.ops", "_wait_requests",
      "waiting for other ranks (MPI tests and sleeps, inside the jobs)"),
     ("kvhybrid.tensor_collectives.engine", "EngineComm._wait_started",
      "waiting for MXNet's engine to start a job"),

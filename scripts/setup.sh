@@ -47,14 +47,16 @@ if ! "$PY" -c 'import horovod.mxnet' >/dev/null 2>&1; then
 fi
 
 # the C++ helpers (kvhybrid/tensor_collectives/ndarray_aux.cc, built in place against MXNet,
-# host_barrier.cc, engine_start.cc, rows.cc, ids.cc and kvhybrid/kvstore/sgd_update.cc) (a glob, not
-# ls: on a fresh clone there is no match, and ls's exit status would end this script)
+# host_barrier.cc, engine_start.cc, rows.cc, ids.cc, patient_wait.cc and
+# kvhybrid/kvstore/sgd_update.cc) (a glob, not ls: on a fresh clone there is no match, and
+# ls's exit status would end this script)
 helper=$(compgen -G 'kvhybrid/tensor_collectives/_ndarray_aux*.so' | head -n 1 || true)
 barrier=$(compgen -G 'kvhybrid/tensor_collectives/_host_barrier*.so' | head -n 1 || true)
 sgd=$(compgen -G 'kvhybrid/kvstore/_sgd_update*.so' | head -n 1 || true)
 start=$(compgen -G 'kvhybrid/tensor_collectives/_engine_start*.so' | head -n 1 || true)
 rows=$(compgen -G 'kvhybrid/tensor_collectives/_rows*.so' | head -n 1 || true)
 ids=$(compgen -G 'kvhybrid/tensor_collectives/_ids*.so' | head -n 1 || true)
+wait=$(compgen -G 'kvhybrid/tensor_collectives/_patient_wait*.so' | head -n 1 || true)
 if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "$VENV/bin/kvhybrid-launch" ] \
     || [ -z "$helper" ] || [ kvhybrid/tensor_collectives/ndarray_aux.cc -nt "$helper" ] \
     || [ -z "$barrier" ] || [ kvhybrid/tensor_collectives/host_barrier.cc -nt "$barrier" ] \
@@ -62,6 +64,7 @@ if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "
     || [ -z "$start" ] || [ kvhybrid/tensor_collectives/engine_start.cc -nt "$start" ] \
     || [ -z "$rows" ] || [ kvhybrid/tensor_collectives/rows.cc -nt "$rows" ] \
     || [ -z "$ids" ] || [ kvhybrid/tensor_collectives/ids.cc -nt "$ids" ] \
+    || [ -z "$wait" ] || [ kvhybrid/tensor_collectives/patient_wait.cc -nt "$wait" ] \
     || [ kvhybrid/tensor_collectives/ids_in_table.h -nt "$ids" ] \
     || [ kvhybrid/tensor_collectives/ids_in_table.h -nt "$helper" ]; then
   log "installing kvhybrid (editable, its C++ helper built against MXNet)"

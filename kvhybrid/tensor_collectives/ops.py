@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import threading
 import time
 from typing import Callable, List, Sequence, Union
@@ -21,6 +22,7 @@ import mxnet as mx
 from mxnet.ndarray import NDArray
 
 from .group import Group
+from .native import Helper
 from .ndarray_view import host_view, is_host, wait_to_write
 
 Tensor = Union[NDArray, Sequence[NDArray]]
@@ -138,6 +140,9 @@ LONGEST_SLEEP = 1e-4
 #: there is answered at once, where one sleep costs far more (``python -m benchmarks.waits``)
 SPIN_SECONDS = 50e-6
 
+#: a patient wait's first sleep, in seconds: the sleeps grow by half to ``LONGEST_SLEEP``
+FIRST_SLEEP = 50e-6
+
 #: tests each time a patient wait wakes: a message that arrived while it slept may need a
 #: second progress call to finish
 TESTS_PER_WAKE = 3
@@ -159,7 +164,7 @@ def wait_patiently(request) -> None:
     spinning ranks take the CPU from the master and the servers they wait for. Every rank must use the non-blocking call,
     the one that waits for others included: MPI matches blocking and non-blocking
     collectives with each other only in MPI 4."""
-    _sleep_until(request.Test)
+    _wait_requests([request])
 
 
 def allreduce_patiently(view: np.ndarray, op: str, group: Group, what) -> None:
@@ -175,7 +180,58 @@ def allreduce_patiently(view: np.ndarray, op: str, group: Group, what) -> None:
 
 def wait_all_patiently(requests, MPI) -> None:
     """``wait_patiently`` for several requests at once."""
-    _sleep_until(lambda: MPI.Request.Testall(requests))
+    _wait_requests(requests)
+
+
+_WAIT = Helper("_patient_wait", "KVHYBRID_CPP_HELPER", "patient waits test and sleep in Python",
+               {"kvhybrid_wait_requests": (ctypes.c_int, [
+                   ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                   ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                   ctypes.c_int64])})
+
+#: seconds the helper waits before it returns to Python, which may take a signal there
+_WAIT_BUDGET = 0.05
+
+#: the address of MPI_Test in the library mpi4py calls, once looked for (0: not found)
+_MPI_TEST: List[int] = []
+
+
+def _wait_requests(requests: Sequence) -> None:
+    """``wait_patiently``'s loop: in the C++ helper, the GIL let go, where it was built;
+    else in Python."""
+    _precise_sleeps()
+    MPI = _helped(requests)
+    if MPI is None:
+        _sleep_until(lambda: all(r.Test() for r in requests))
+        return
+    handles = (ctypes.c_void_p * len(requests))(*[MPI._addressof(r) for r in requests])
+    spin, first = SPIN_SECONDS, FIRST_SLEEP
+    while True:
+        rc = _WAIT.library().kvhybrid_wait_requests(
+            _MPI_TEST[0], handles, len(requests), int(spin * 1e9), int(first * 1e9),
+            int(LONGEST_SLEEP * 1e9), TESTS_PER_WAKE, int(_WAIT_BUDGET * 1e9))
+        if rc == 0:
+            return
+        if rc != -1:
+            raise MPI.Exception(rc)
+        spin, first = 0.0, LONGEST_SLEEP   # (long in: go on sleeping the longest)
+
+
+def _helped(requests: Sequence):
+    """mpi4py's MPI module where the helper can wait for ``requests`` (mpi4py's requests,
+    the helper built, MPI_Test found through the module's own shared object, whose
+    dependencies are searched), else None."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or _WAIT.library() is None \
+            or not all(isinstance(r, MPI.Request) for r in requests):
+        return None
+    if not _MPI_TEST:
+        try:
+            test = ctypes.cast(ctypes.CDLL(MPI.__file__).MPI_Test, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            test = None
+        _MPI_TEST.append(test if test and hasattr(MPI, "_addressof") else 0)
+    return MPI if _MPI_TEST[0] else None
 
 
 def _sleep_until(done: Callable[[], bool]) -> None:
@@ -183,8 +239,7 @@ def _sleep_until(done: Callable[[], bool]) -> None:
     while time.perf_counter() < end:
         if done():
             return
-    _precise_sleeps()
-    delay = 50e-6
+    delay = FIRST_SLEEP
     while True:
         for _ in range(TESTS_PER_WAKE):
             if done():

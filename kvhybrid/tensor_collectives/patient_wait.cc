@@ -1,0 +1,75 @@
+// The store's patient wait for non-blocking MPI requests (ops.py's wait_all_patiently): test,
+// spin a little, then sleep between tests, without the GIL. In Python each wake of the
+// communication thread took the GIL back from the caller's thread and ran the interpreter
+// to test and sleep again.
+//
+// It needs no MPI header, so one build serves whichever MPI mpi4py loaded: the caller hands
+// the address of that library's MPI_Test and of each request's handle inside its mpi4py
+// object (MPI_Test writes the null handle there once it completes, as mpi4py's own Test
+// does), and a status buffer larger than any MPI's MPI_Status takes what MPI_Test writes.
+#include <cstdint>
+#include <ctime>
+
+namespace {
+
+using MpiTest = int (*)(void* request, int* flag, void* status);
+
+int64_t now_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+void sleep_ns(int64_t ns) {
+  timespec t{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  nanosleep(&t, nullptr);
+}
+
+// Tests the requests from the first one not complete yet, stopping at one that is not: one
+// progress call of MPI a round, as MPI_Testall makes. 1: all complete; 0: not yet; <0: the
+// negated error MPI_Test returned.
+int test_from(MpiTest test, void** requests, int count, int* next) {
+  alignas(16) unsigned char status[256];
+  while (*next < count) {
+    int flag = 0;
+    const int rc = test(requests[*next], &flag, status);
+    if (rc != 0) return -rc;
+    if (!flag) return 0;
+    ++*next;
+  }
+  return 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Until every one of `count` requests is complete, or `budget_ns` passed: tests for
+// `spin_ns`, then sleeps `first_sleep_ns`, growing by half each time up to
+// `longest_sleep_ns`, testing `tests_per_wake` times at each wake (the caller sets this
+// thread's timer slack: a sleep may otherwise overrun by as long as itself). Returns 0 (all
+// complete), -1 (the budget passed first: the caller, back in Python, may take a signal and
+// call again) or the error code of the MPI_Test that failed.
+int kvhybrid_wait_requests(void* mpi_test, void** requests, int count, int64_t spin_ns,
+                           int64_t first_sleep_ns, int64_t longest_sleep_ns,
+                           int tests_per_wake, int64_t budget_ns) {
+  const MpiTest test = reinterpret_cast<MpiTest>(mpi_test);
+  int next = 0;
+  const int64_t start = now_ns();
+  do {
+    const int got = test_from(test, requests, count, &next);
+    if (got != 0) return got > 0 ? 0 : -got;
+  } while (now_ns() - start < spin_ns);
+  int64_t delay = first_sleep_ns;
+  while (now_ns() - start < budget_ns) {
+    for (int i = 0; i < tests_per_wake; ++i) {
+      const int got = test_from(test, requests, count, &next);
+      if (got != 0) return got > 0 ? 0 : -got;
+    }
+    sleep_ns(delay);
+    delay = delay + delay / 2 < longest_sleep_ns ? delay + delay / 2 : longest_sleep_ns;
+  }
+  return -1;
+}
+
+}  // extern "C"
