@@ -69,7 +69,8 @@ setup(
                            ["kvhybrid/tensor_collectives/rows.cc"], language="c++",
                            extra_compile_args=["-O3", "-std=c++17"], optional=True),
                  # the patient waits for MPI requests, tested and slept between without
-                 # the GIL (needs no MXNet, nor MPI's headers: it calls the MPI_Test mpi4py's)
+                 # the GIL (needs no MXNet, nor MPI's headers: it calls the MPI_Test of the MPI
+                 # library mpi4py loaded)
                  Extension("kvhybrid.tensor_collectives._patient_wait",
                            ["kvhybrid/tensor_collectives/patient_wait.cc"], language="c++",
                            extra_compile_args=["-O2", "-std=c++17"], optional=True),

@@ -56,7 +56,7 @@ sgd=$(compgen -G 'kvhybrid/kvstore/_sgd_update*.so' | head -n 1 || true)
 start=$(compgen -G 'kvhybrid/tensor_collectives/_engine_start*.so' | head -n 1 || true)
 rows=$(compgen -G 'kvhybrid/tensor_collectives/_rows*.so' | head -n 1 || true)
 ids=$(compgen -G 'kvhybrid/tensor_collectives/_ids*.so' | head -n 1 || true)
-wait=$(compgen -G 'kvhybrid/tensor_collectives/_patient_wait*.so' | head -n 1 || true)
+patient=$(compgen -G 'kvhybrid/tensor_collectives/_patient_wait*.so' | head -n 1 || true)
 if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "$VENV/bin/kvhybrid-launch" ] \
     || [ -z "$helper" ] || [ kvhybrid/tensor_collectives/ndarray_aux.cc -nt "$helper" ] \
     || [ -z "$barrier" ] || [ kvhybrid/tensor_collectives/host_barrier.cc -nt "$barrier" ] \
@@ -64,7 +64,7 @@ if ! "$PY" -c 'import kvhybrid, kvhybrid.launch.cli' >/dev/null 2>&1 || [ ! -x "
     || [ -z "$start" ] || [ kvhybrid/tensor_collectives/engine_start.cc -nt "$start" ] \
     || [ -z "$rows" ] || [ kvhybrid/tensor_collectives/rows.cc -nt "$rows" ] \
     || [ -z "$ids" ] || [ kvhybrid/tensor_collectives/ids.cc -nt "$ids" ] \
-    || [ -z "$wait" ] || [ kvhybrid/tensor_collectives/patient_wait.cc -nt "$wait" ] \
+    || [ -z "$patient" ] || [ kvhybrid/tensor_collectives/patient_wait.cc -nt "$patient" ] \
     || [ kvhybrid/tensor_collectives/ids_in_table.h -nt "$ids" ] \
     || [ kvhybrid/tensor_collectives/ids_in_table.h -nt "$helper" ]; then
   log "installing kvhybrid (editable, its C++ helper built against MXNet)"

@@ -240,8 +240,7 @@ class Algorithms:
         if not self.patient:
             return None
         from .ops import wait_all_patiently
-        MPI = self.group.MPI
-        return lambda requests: wait_all_patiently(requests, MPI)
+        return wait_all_patiently
 
     def _settle_on_node(self) -> Optional[Callable[[], None]]:
         """The host's barrier after the sums across hosts: patiently where ``patient`` asks

@@ -11,6 +11,7 @@ accelerator go through a pinned host staging buffer.
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import sys
 import threading
@@ -24,6 +25,8 @@ from mxnet.ndarray import NDArray
 from .group import Group
 from .native import Helper
 from .ndarray_view import host_view, is_host, wait_to_write
+
+log = logging.getLogger("kvhybrid")
 
 Tensor = Union[NDArray, Sequence[NDArray]]
 
@@ -157,7 +160,8 @@ PR_SET_TIMERSLACK = 29
 
 def wait_patiently(request) -> None:
     """Wait for a non-blocking MPI request: test for ``SPIN_SECONDS``, then sleep between
-    tests (``SPIN_SECONDS`` growing to ``LONGEST_SLEEP``).
+    tests (``FIRST_SLEEP`` growing to ``LONGEST_SLEEP``), in the C++ helper where it was
+    built (the GIL let go), else in Python.
 
     For waits on another rank's network round trip (a group master talking to the
     servers): MPI's blocking calls spin, and on a host with more processes than cores the
@@ -178,16 +182,40 @@ def allreduce_patiently(view: np.ndarray, op: str, group: Group, what) -> None:
                                              op=_mpi_op(MPI, op, view.dtype)))
 
 
-def wait_all_patiently(requests, MPI) -> None:
+def wait_all_patiently(requests: Sequence) -> None:
     """``wait_patiently`` for several requests at once."""
     _wait_requests(requests)
+
+
+def _wait_requests(requests: Sequence) -> None:
+    """The patient waits' one loop: the helper's where it can wait for ``requests``."""
+    _precise_sleeps()
+    MPI = _helped(requests)
+    if MPI is None:
+        _sleep_until(lambda: all(r.Test() for r in requests))
+        return
+    wait = _WAIT.library().kvhybrid_wait_requests
+    handles = (ctypes.c_void_p * len(requests))(*[MPI._addressof(r) for r in requests])
+    error = ctypes.c_int(0)
+    spin, first = int(SPIN_SECONDS * 1e9), int(FIRST_SLEEP * 1e9)
+    while True:
+        got = wait(_MPI_TEST[0], handles, len(requests), spin, first,
+                   int(LONGEST_SLEEP * 1e9), TESTS_PER_WAKE, int(_WAIT_BUDGET * 1e9),
+                   ctypes.byref(error))
+        if got == 0:
+            break
+        if got == 2:
+            raise MPI.Exception(error.value)
+        spin, first = 0, int(LONGEST_SLEEP * 1e9)   # (called again: sleep the longest at once)
+    for r in requests:   # (null already: mpi4py's own Test lets go of the request's buffer)
+        r.Test()
 
 
 _WAIT = Helper("_patient_wait", "KVHYBRID_CPP_HELPER", "patient waits test and sleep in Python",
                {"kvhybrid_wait_requests": (ctypes.c_int, [
                    ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                    ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
-                   ctypes.c_int64])})
+                   ctypes.c_int64, ctypes.POINTER(ctypes.c_int)])})
 
 #: seconds the helper waits before it returns to Python, which may take a signal there
 _WAIT_BUDGET = 0.05
@@ -196,31 +224,12 @@ _WAIT_BUDGET = 0.05
 _MPI_TEST: List[int] = []
 
 
-def _wait_requests(requests: Sequence) -> None:
-    """``wait_patiently``'s loop: in the C++ helper, the GIL let go, where it was built;
-    else in Python."""
-    _precise_sleeps()
-    MPI = _helped(requests)
-    if MPI is None:
-        _sleep_until(lambda: all(r.Test() for r in requests))
-        return
-    handles = (ctypes.c_void_p * len(requests))(*[MPI._addressof(r) for r in requests])
-    spin, first = SPIN_SECONDS, FIRST_SLEEP
-    while True:
-        rc = _WAIT.library().kvhybrid_wait_requests(
-            _MPI_TEST[0], handles, len(requests), int(spin * 1e9), int(first * 1e9),
-            int(LONGEST_SLEEP * 1e9), TESTS_PER_WAKE, int(_WAIT_BUDGET * 1e9))
-        if rc == 0:
-            return
-        if rc != -1:
-            raise MPI.Exception(rc)
-        spin, first = 0.0, LONGEST_SLEEP   # (long in: go on sleeping the longest)
-
-
 def _helped(requests: Sequence):
     """mpi4py's MPI module where the helper can wait for ``requests`` (mpi4py's requests,
-    the helper built, MPI_Test found through the module's own shared object, whose
-    dependencies are searched), else None."""
+    the helper built, MPI_Test found), else None. MPI_Test is looked up through mpi4py's
+    own shared object, whose dependencies are searched (its MPI library is not loaded
+    globally); so a profiler's MPI_Test put before it (``LD_PRELOAD``) does not see these
+    calls."""
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is None or _WAIT.library() is None \
             or not all(isinstance(r, MPI.Request) for r in requests):
@@ -228,8 +237,10 @@ def _helped(requests: Sequence):
     if not _MPI_TEST:
         try:
             test = ctypes.cast(ctypes.CDLL(MPI.__file__).MPI_Test, ctypes.c_void_p).value
-        except (OSError, AttributeError):
+        except (OSError, AttributeError) as exc:
             test = None
+            log.debug("MPI_Test not found through %s (%s): patient waits test and sleep in "
+                      "Python", MPI.__file__, exc)
         _MPI_TEST.append(test if test and hasattr(MPI, "_addressof") else 0)
     return MPI if _MPI_TEST[0] else None
 

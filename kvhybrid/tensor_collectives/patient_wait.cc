@@ -5,8 +5,8 @@
 //
 // It needs no MPI header, so one build serves whichever MPI mpi4py loaded: the caller hands
 // the address of that library's MPI_Test and of each request's handle inside its mpi4py
-// object (MPI_Test writes the null handle there once it completes, as mpi4py's own Test
-// does), and a status buffer larger than any MPI's MPI_Status takes what MPI_Test writes.
+// object, where MPI_Test writes the null handle once the request completes. A status buffer
+// larger than any MPI's MPI_Status takes what MPI_Test writes.
 #include <cstdint>
 #include <ctime>
 
@@ -25,19 +25,18 @@ void sleep_ns(int64_t ns) {
   nanosleep(&t, nullptr);
 }
 
-// Tests the requests from the first one not complete yet, stopping at one that is not: one
-// progress call of MPI a round, as MPI_Testall makes. 1: all complete; 0: not yet; <0: the
-// negated error MPI_Test returned.
-int test_from(MpiTest test, void** requests, int count, int* next) {
+// Tests the requests from the first one not complete yet, stopping at one that is not (the
+// later ones are tested once it completes). True once all are complete; false while one is
+// not, or where MPI_Test failed (its code in `*error`).
+bool test_from(MpiTest test, void** requests, int count, int* next, int* error) {
   alignas(16) unsigned char status[256];
   while (*next < count) {
     int flag = 0;
-    const int rc = test(requests[*next], &flag, status);
-    if (rc != 0) return -rc;
-    if (!flag) return 0;
+    *error = test(requests[*next], &flag, status);
+    if (*error != 0 || !flag) return false;
     ++*next;
   }
-  return 1;
+  return true;
 }
 
 }  // namespace
@@ -48,28 +47,30 @@ extern "C" {
 // `spin_ns`, then sleeps `first_sleep_ns`, growing by half each time up to
 // `longest_sleep_ns`, testing `tests_per_wake` times at each wake (the caller sets this
 // thread's timer slack: a sleep may otherwise overrun by as long as itself). Returns 0 (all
-// complete), -1 (the budget passed first: the caller, back in Python, may take a signal and
-// call again) or the error code of the MPI_Test that failed.
+// complete), 1 (the budget passed first: the caller, back in Python, may take a signal and
+// call again) or 2 (an MPI_Test failed: its error code in `*error`).
 int kvhybrid_wait_requests(void* mpi_test, void** requests, int count, int64_t spin_ns,
                            int64_t first_sleep_ns, int64_t longest_sleep_ns,
-                           int tests_per_wake, int64_t budget_ns) {
+                           int tests_per_wake, int64_t budget_ns, int* error) {
   const MpiTest test = reinterpret_cast<MpiTest>(mpi_test);
   int next = 0;
+  *error = 0;
   const int64_t start = now_ns();
-  do {
-    const int got = test_from(test, requests, count, &next);
-    if (got != 0) return got > 0 ? 0 : -got;
-  } while (now_ns() - start < spin_ns);
+  while (spin_ns > 0) {
+    if (test_from(test, requests, count, &next, error)) return 0;
+    if (*error != 0) return 2;
+    if (now_ns() - start >= spin_ns) break;
+  }
   int64_t delay = first_sleep_ns;
   while (now_ns() - start < budget_ns) {
     for (int i = 0; i < tests_per_wake; ++i) {
-      const int got = test_from(test, requests, count, &next);
-      if (got != 0) return got > 0 ? 0 : -got;
+      if (test_from(test, requests, count, &next, error)) return 0;
+      if (*error != 0) return 2;
     }
     sleep_ns(delay);
     delay = delay + delay / 2 < longest_sleep_ns ? delay + delay / 2 : longest_sleep_ns;
   }
-  return -1;
+  return 1;
 }
 
 }  // extern "C"

@@ -114,7 +114,7 @@ def gather_patiently(arrays: Sequence[np.ndarray], group: Group, root: int = 0,
             buf = np.empty(int(sizes.sum()), dtype=np.uint8)
             wait_patiently(comm.Igatherv(packed, [buf, sizes], root=root))
         else:
-            wait_all_patiently([first, comm.Igatherv(packed, None, root=root)], group.MPI)
+            wait_all_patiently([first, comm.Igatherv(packed, None, root=root)])
     group.bytes_sent["rows"] += packed.nbytes
     if not is_root:
         return None

@@ -57,3 +57,56 @@ def test_a_thread_that_sleeps_gets_a_precise_timer(monkeypatch):
     thread.start()
     thread.join(10)
     assert got == [ops.TIMER_SLACK_NS]
+
+
+# -- the C++ helper's loop (patient_wait.cc), given an MPI_Test made here -----------------
+helper = ops._WAIT.library()
+needs_helper = pytest.mark.skipif(
+    helper is None,
+    reason="the patient wait's helper was not built (pip install --no-build-isolation -e .)")
+_MPI_TEST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                             ctypes.c_void_p)
+
+
+def _helper_wait(answer, count=1, spin_ns=0, budget_ns=10**9):
+    """The helper's wait for ``count`` requests (handles 1, 2, ...) with an MPI_Test that
+    returns ``answer(handle, its tests so far)``: (error code, complete). Returns what it
+    returned, the error it gave and the handles tested, in order."""
+    tested = []
+
+    @_MPI_TEST
+    def test(request, flag, status):
+        tested.append(request)
+        code, done = answer(request, tested.count(request))
+        flag[0] = int(done)
+        return code
+
+    handles = (ctypes.c_void_p * count)(*range(1, count + 1))
+    error = ctypes.c_int(-7)
+    got = helper.kvhybrid_wait_requests(ctypes.cast(test, ctypes.c_void_p), handles, count,
+                                        spin_ns, 1000, 2000, 3, budget_ns, ctypes.byref(error))
+    return got, error.value, tested
+
+
+@needs_helper
+def test_the_helper_tests_several_times_a_wake_until_the_request_completes():
+    got, error, tested = _helper_wait(lambda handle, n: (0, n == 7))
+    assert (got, error, tested) == (0, 0, [1] * 7)   # 3, sleep, 3, sleep, the 7th
+
+
+@needs_helper
+def test_the_helper_tests_the_next_request_once_the_one_before_completes():
+    got, _, tested = _helper_wait(lambda handle, n: (0, n == 2), count=2)
+    assert got == 0 and tested == [1, 1, 2, 2]
+
+
+@needs_helper
+def test_the_helper_returns_to_python_when_its_budget_passes():
+    got, error, tested = _helper_wait(lambda handle, n: (0, False), budget_ns=2_000_000)
+    assert got == 1 and error == 0 and len(tested) >= 3
+
+
+@needs_helper
+def test_the_helper_hands_back_the_error_of_a_failed_test():
+    got, error, tested = _helper_wait(lambda handle, n: (5 if n == 2 else 0, False))
+    assert (got, error, tested) == (2, 5, [1, 1])
