@@ -46,9 +46,10 @@ extern "C" {
 // Until every one of `count` requests is complete, or `budget_ns` passed: tests for
 // `spin_ns`, then sleeps `first_sleep_ns`, growing by half each time up to
 // `longest_sleep_ns`, testing `tests_per_wake` times at each wake (the caller sets this
-// thread's timer slack: a sleep may otherwise overrun by as long as itself). Returns 0 (all
-// complete), 1 (the budget passed first: the caller, back in Python, may take a signal and
-// call again) or 2 (an MPI_Test failed: its error code in `*error`).
+// thread's timer slack: a sleep may otherwise overrun by as long as itself). Every call
+// tests at least `tests_per_wake` times, however late it runs. Returns 0 (all complete), 1
+// (the budget passed first: the caller, back in Python, may take a signal and call again)
+// or 2 (an MPI_Test failed: its error code in `*error`).
 int kvhybrid_wait_requests(void* mpi_test, void** requests, int count, int64_t spin_ns,
                            int64_t first_sleep_ns, int64_t longest_sleep_ns,
                            int tests_per_wake, int64_t budget_ns, int* error) {
@@ -62,15 +63,15 @@ int kvhybrid_wait_requests(void* mpi_test, void** requests, int count, int64_t s
     if (now_ns() - start >= spin_ns) break;
   }
   int64_t delay = first_sleep_ns;
-  while (now_ns() - start < budget_ns) {
+  for (;;) {
     for (int i = 0; i < tests_per_wake; ++i) {
       if (test_from(test, requests, count, &next, error)) return 0;
       if (*error != 0) return 2;
     }
+    if (now_ns() - start >= budget_ns) return 1;
     sleep_ns(delay);
     delay = delay + delay / 2 < longest_sleep_ns ? delay + delay / 2 : longest_sleep_ns;
   }
-  return 1;
 }
 
 }  // extern "C"

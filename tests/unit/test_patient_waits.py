@@ -110,3 +110,11 @@ def test_the_helper_returns_to_python_when_its_budget_passes():
 def test_the_helper_hands_back_the_error_of_a_failed_test():
     got, error, tested = _helper_wait(lambda handle, n: (5 if n == 2 else 0, False))
     assert (got, error, tested) == (2, 5, [1, 1])
+
+
+@needs_helper
+def test_a_call_past_its_budget_still_tests_once_per_wake():
+    got, _, tested = _helper_wait(lambda handle, n: (0, n == 3), budget_ns=0)
+    assert got == 0 and tested == [1] * 3
+    got, _, tested = _helper_wait(lambda handle, n: (0, False), budget_ns=0)
+    assert got == 1 and tested == [1] * 3   # one wake's tests, then back to Python
