@@ -81,7 +81,7 @@ TIMED = [
     ("kvhybrid.kvstore.sparse_pull", "_holds", "    read the ids, compare with those handed"),
     ("kvhybrid.kvstore.sparse_pull", "copy", "  a pull's rows to its out (an engine copy)"),
     ("kvhybrid.kvstore.sparse_pull", "PullCheck.start", "    start the check"),
-    ("kvhybrid.kvstore.hints", "Prefetch.write_rows", "  prefetched rows to the out"),
+    ("kvhybrid.kvstore.sparse_pull", "Prefetch.write_rows", "  prefetched rows to the out"),
     ("kvhybrid.kvstore.store", "HybridMPIStore.prefetch_rows", "store: prefetch_rows"),
     ("kvhybrid.tensor_collectives.engine", "EngineComm.enqueue", "communication thread: enqueue"),
     ("kvhybrid.tensor_collectives.engine", "EngineComm.submit", "communication thread: submit"),

@@ -14,14 +14,12 @@ communication thread where the call's work runs there (``agree_later``,
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError, explain
@@ -33,24 +31,6 @@ from .keys import Key, KeySlot, check_matches, check_out, lookup, pairs, spec
 
 #: checked pushpull calls remembered per store
 MEMO_LIMIT = 4096
-
-
-def unrecorded(method):
-    """Gluon calls the store inside ``autograd.record()`` (a sparse weight's first forward
-    pass initialises the Trainer's store); the store's writes into weights are not part of
-    the model's graph, as with MXNet's own stores, which write from C++."""
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        # (mx.autograd.pause() without its scope object: the recording flag only, set and
-        # put back, 2 calls into MXNet where it makes 4; the train mode is not read here)
-        was = ctypes.c_int()
-        check_call(_LIB.MXAutogradSetIsRecording(0, ctypes.byref(was)))
-        try:
-            return method(*args, **kwargs)
-        finally:
-            if was.value:
-                check_call(_LIB.MXAutogradSetIsRecording(1, ctypes.byref(was)))
-    return wrapper
 
 
 def call_key(key):
@@ -233,6 +213,17 @@ _MASK = (1 << 62) - 1
 #: differ.
 _MEETING = 1 << 62
 PULL_CHECK, UNCOVERED, PULL_ERROR, TAG = -(1 << 63), 1 << 62, 1 << 61, (1 << 61) - 1
+
+
+def optimizer_signature(optimizer) -> str:
+    """What must be equal on every rank, since every rank applies its own copy."""
+    fields = {"learning_rate": optimizer.learning_rate, "wd": optimizer.wd,
+              "rescale_grad": optimizer.rescale_grad, "clip_gradient": optimizer.clip_gradient}
+    for name in ("momentum", "beta1", "beta2", "epsilon", "gamma1", "gamma2"):
+        if hasattr(optimizer, name):
+            fields[name] = getattr(optimizer, name)
+    return f"{type(optimizer).__module__}.{type(optimizer).__name__}(" + \
+        ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
 
 def digest(signature) -> int:

@@ -7,7 +7,7 @@ its ids, then the rows from where they live:
 - **in the group** (every rank holds the table): its own copy (``pull_rows_local``);
 - **on the servers**: through the row group's master, who pulls the union of the group's
   ids once and hands each rank its rows (``fetch_rows_from_servers``). A push of the key
-  leaves a *hint* (``hints.Prefetch``): the rows ``kvhybrid.prefetch`` asked for,
+  leaves a *hint* (``Prefetch``): the rows ``kvhybrid.prefetch`` asked for,
   on their way, or none. A pull that the hint covers takes those rows and goes on; any
   other has the communication thread serve it (``PullCheck``; a group of one rank, MXNet's
   engine), so no caller's thread waits for another rank's pull. Before a key's first push
@@ -29,9 +29,10 @@ from mxnet.ndarray import NDArray
 
 from ..errors import KeyValueError, KVHybridError
 from ..tensor_collectives import Group
-from ..tensor_collectives.engine import EngineComm, when_ready
+from ..tensor_collectives.engine import EngineComm, Flag, when_ready
 from ..tensor_collectives.ndarray_view import (copy_if_ids_equal, empty_row_sparse, host_array,
-                                                    host_row_sparse, host_view, ids_equal,
+                                                    host_row_sparse, host_view, ids_address,
+                                                    ids_equal,
                                                     ids_in_table_of, is_host, make_rows,
                                                     new_host_row_sparse, rows_made_later,
                                                     takes_rows_in_place, wait_to_write)
@@ -40,12 +41,62 @@ from ..tensor_collectives.ops import broadcast_view
 from ..tensor_collectives.rows import (by_rank, gather_patiently, ids_in_table, scatter_bytes,
                                        take_rows, union_ids, unique_ids)
 from .calls import Calls, agree, check_pulled_rows, keys_text, pull_tag
-from .hints import Flag, Prefetch
 from .keys import Key, KeySlot, check_pull_out, is_key, lookup, pairs
 from .placement import Placement
 from .ps.link import ServerLink
 
 log = logging.getLogger("kvhybrid")
+
+
+class Prefetch:
+    """A push's *hint* for the next pull: the rows a ``row_sparse_pull`` of the next step
+    will ask for, on their way. ``sparse_push.py`` makes it; an engine operation (the
+    hand-out, or MXNet's pull) writes it; the caller's thread reads it once ``ready`` is
+    set, or MXNet's engine copies it behind that operation."""
+
+    def __init__(self, key: Key, ids: Optional[np.ndarray], handed: Optional[np.ndarray],
+                 array: Optional[NDArray], rows: Optional[np.ndarray] = None):
+        #: this rank's sorted unique ids (None until MXNet's pull sorted them: pure PS)
+        self.key, self.ids = key, ids
+        #: the ids as ``prefetch_rows`` was handed them (one array, unsorted), if it was,
+        #: and where they lie for the C++ helper's compare (``ids_address``)
+        self.handed = handed
+        self.handed_at = ids_address(handed) if handed is not None else None
+        #: the rows as a host row_sparse array, made at the push and written by an engine
+        #: operation: a pull of exactly ``ids`` queues an engine copy of it into its out,
+        #: which waits in MXNet's engine for that operation, so nothing waits on the
+        #: caller's thread (``RowPulls._pull_as_before``); None where no rows were asked
+        #: for; ``rows``: a view of its rows (None until that operation gave the array its
+        #: rows, where it does: ``make_rows``)
+        self.array, self.rows = array, rows
+        self.ready = Flag()
+        #: why the rows could not be handed over (set with ``ready``; the reader raises it)
+        self.error: Optional[str] = None
+        #: whether its hand-out waits for nothing (the gradient's rows read in place): a
+        #: later step's backward may then be queued before it runs
+        self.waits_for_nothing = False
+
+    def holds(self, ids: List[np.ndarray]) -> bool:
+        """Whether the rows came for every one of ``ids`` (each out's, sorted unique)."""
+        if not len(self.ids):   # (a push that asked for no rows: a plain Trainer's)
+            return not any(len(i) for i in ids)
+        return all(self._same_ids(i)   # (the usual case, and cheaper)
+                   or not len(np.setdiff1d(i, self.ids, assume_unique=True)) for i in ids)
+
+    def write_rows(self, outs: List[NDArray], ids: List[np.ndarray], slot: KeySlot) -> None:
+        """The rows into ``outs`` (``ids``: each out's sorted unique ids, which it must
+        hold: ``holds``)."""
+        for o, i in zip(outs, ids):
+            if self.array is not None and self._same_ids(i):
+                copy(self.array, o)   # (the engine copies it; nothing writes it again)
+                continue
+            part = self.rows[np.searchsorted(self.ids, i)]
+            host_row_sparse(part, i, slot.shape, slot.dtype).copyto(o)
+
+    def _same_ids(self, ids: np.ndarray) -> bool:
+        """Whether ``ids`` are the rows' ids: the very array when the pull's ids were the
+        ones handed over (``checked_row_ids`` returns it then), else compared."""
+        return ids is self.ids or np.array_equal(ids, self.ids)
 
 
 class RowPulls:
@@ -55,7 +106,7 @@ class RowPulls:
     def __init__(self, placement: Placement, slots: Dict[Key, KeySlot], calls: Calls,
                  engine: Optional[EngineComm]):
         self.placement, self.slots, self.calls, self.engine = placement, slots, calls, engine
-        #: per key, the rows its last push asked for, on their way (``hints.Prefetch``)
+        #: per key, the rows its last push asked for, on their way (``Prefetch``)
         self.hints: Dict[Key, Prefetch] = {}
         self._unsettled: Deque[PullCheck] = collections.deque()   # see settle
         #: where the communication thread hands rows out (a push's hand-out, a served pull):

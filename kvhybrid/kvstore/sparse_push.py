@@ -7,7 +7,7 @@ its first push (``sparse.py``):
 - **servers**: the row group's master gathers the group's rows, sums them and pushes the
   sum once (local aggregation: ``push_and_prefetch``). On the communication thread the
   push also asks for the next step's rows in the same meeting and leaves them as the next
-  pull's hint (``hints.Prefetch``): the ids ``kvhybrid.prefetch`` handed over, or none.
+  pull's hint (``sparse_pull.Prefetch``): the ids ``kvhybrid.prefetch`` handed over, or none.
   Without that thread, or for a dense weight whose pull is of its whole table, the same
   job runs in place on the caller's thread, asking for no rows. A group of one rank
   pushes through MXNet's engine instead, as ``dist_sync`` does (``push_and_prefetch_alone``).
@@ -40,12 +40,11 @@ from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_i
 from ..tensor_collectives.watchdog import current_step, steps_differ
 from .calls import agree, digest
 from .dense import DensePath
-from .hints import Prefetch
 from .keys import Key, KeySlot, is_key
 from .placement import Placement
 from .ps.link import ServerLink
 from .sparse import RowTables
-from .sparse_pull import RowPulls, table_ids
+from .sparse_pull import Prefetch, RowPulls, table_ids
 
 
 @dataclass

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import time
 from typing import Callable, Deque, Dict, List, Optional
 
 from ..tensor_collectives.watchdog import post_step
+
+log = logging.getLogger("kvhybrid")
 
 #: step times kept for KVHYBRID_STATS_FILE (the tuner reads them): a bounded clock
 MAX_TICKS = 10_001
@@ -65,3 +68,11 @@ def write_stats(config, placement, clock: StepClock, key_stats: Dict) -> None:
     with open(part, "w") as f:
         json.dump(stats, f)
     os.replace(part, config.stats_file)
+
+
+def log_key_stats(key_stats: Dict) -> None:
+    """The row_sparse keys' stats, one line in the log (rank 0's, at close)."""
+    if key_stats:
+        log.info("row_sparse keys (α as rank 0 saw it): %s", "; ".join(
+            f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "
+            f"{v['pushes']} pushes, route {v['route']}" for k, v in key_stats.items()))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import hashlib
+import functools
 import logging
 import os
 import tempfile
@@ -37,7 +38,7 @@ from ..tensor_collectives import broadcast_array
 from ..tensor_collectives.compression import CompressionParams
 from ..tensor_collectives.engine import EngineComm
 from ..tensor_collectives.ops import copy_to_all
-from .calls import Calls, call_key, keys_text, signed_work, unrecorded
+from .calls import Calls, call_key, keys_text, optimizer_signature, signed_work
 from .dense import DensePath, start_engine
 from .keys import (Key, KeySlot, Slots, check_key_types, check_matches, check_pull_out, lookup,
                    only_row_sparse, pairs, spec, zeros)
@@ -48,26 +49,26 @@ from .registry import ASYNC_NAME, NAME
 from .sparse import RowTables
 from .sparse_pull import RowPulls
 from .sparse_push import RowPushes
-from .stats import StepClock, write_stats
+from .stats import StepClock, log_key_stats, write_stats
 
 log = logging.getLogger("kvhybrid")
 
 
-def _native_local_handle() -> KVStoreHandle:
-    handle = KVStoreHandle()
-    check_call(_LIB.MXKVStoreCreate(c_str("local"), ctypes.byref(handle)))
-    return handle
-
-
-def _optimizer_text(optimizer) -> str:
-    """What must be equal on every rank, since every rank applies its own copy."""
-    fields = {"learning_rate": optimizer.learning_rate, "wd": optimizer.wd,
-              "rescale_grad": optimizer.rescale_grad, "clip_gradient": optimizer.clip_gradient}
-    for name in ("momentum", "beta1", "beta2", "epsilon", "gamma1", "gamma2"):
-        if hasattr(optimizer, name):
-            fields[name] = getattr(optimizer, name)
-    return f"{type(optimizer).__module__}.{type(optimizer).__name__}(" + \
-        ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+def unrecorded(method):
+    """Gluon calls the store inside ``autograd.record()`` (a sparse weight's first forward
+    pass initialises the Trainer's store); the store's writes into weights are not part of
+    the model's graph, as with MXNet's own stores, which write from C++. (The recording
+    flag only, set and put back: ``autograd.pause()`` makes twice the calls into MXNet.)"""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        was = ctypes.c_int()
+        check_call(_LIB.MXAutogradSetIsRecording(0, ctypes.byref(was)))
+        try:
+            return method(*args, **kwargs)
+        finally:
+            if was.value:
+                check_call(_LIB.MXAutogradSetIsRecording(1, ctypes.byref(was)))
+    return wrapper
 
 
 @dataclass
@@ -110,7 +111,9 @@ class HybridMPIStore(mx.kv.KVStore):
     def __init__(self, config: Optional[StoreConfig] = None):
         # the handle first: a store whose creation fails below (outside an MPI job) is freed
         # as any KVStore, with no traceback after its error
-        super().__init__(_native_local_handle())
+        handle = KVStoreHandle()
+        check_call(_LIB.MXKVStoreCreate(c_str("local"), ctypes.byref(handle)))
+        super().__init__(handle)
         self.mode = self.MODE()
         self.config = self.mode.configure(config or StoreConfig.from_env())
         self.placement = Placement(self.config, self.mode, self.NAME)
@@ -395,7 +398,7 @@ class HybridMPIStore(mx.kv.KVStore):
             if not isinstance(optimizer, mx.optimizer.Optimizer):
                 raise KeyValueError("set_optimizer needs an mx.optimizer.Optimizer, got "
                                     f"{type(optimizer).__name__}")
-            return None, f"set_optimizer({_optimizer_text(optimizer)})"
+            return None, f"set_optimizer({optimizer_signature(optimizer)})"
 
         self.calls.check("set_optimizer", build)
         self.tables.param_names = {i: p.name
@@ -565,10 +568,8 @@ class HybridMPIStore(mx.kv.KVStore):
             log.warning("kvhybrid: closing after a failed collective: %s", exc)
             stats = {}
         self._write_stats(stats)
-        if stats and self.group.rank == 0:
-            log.info("row_sparse keys (α as rank 0 saw it): %s", "; ".join(
-                f"{k!r} ({v['name']}): {v['rows']} rows, α {v['alpha']:.4f} over "
-                f"{v['pushes']} pushes, route {v['route']}" for k, v in stats.items()))
+        if self.group.rank == 0:
+            log_key_stats(stats)
         try:
             if self._engine is not None:   # its operations finish before the thread stops
                 with self.group.watchdog.waiting("this rank's engine-scheduled collectives "

@@ -223,6 +223,39 @@ def when_ready(name: str, reads: Sequence[NDArray], callback: Callable[[], None]
         raise
 
 
+#: what a waiting ``Flag`` waits on (every flag's set wakes it)
+_FLAG_SET = threading.Condition()
+
+
+class Flag:
+    """``threading.Event``'s ``set``, ``is_set`` and ``wait`` for a flag made every step,
+    set once by a job and read by the caller's thread (a prefetch's rows, a pull's check):
+    making an Event makes a Condition and its lock, many times this one's cost on the
+    caller's thread, for a flag that is nearly always set before anyone looks. The rare
+    waiter waits on one Condition shared by every flag."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self):
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with _FLAG_SET:
+            self._set = True
+            _FLAG_SET.notify_all()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Whether the flag is set, waiting up to ``timeout`` seconds for it (callers loop,
+        so waking for another flag's set only returns early)."""
+        with _FLAG_SET:
+            if not self._set:
+                _FLAG_SET.wait(timeout)
+            return self._set
+
+
 class InPlace:
     """``EngineComm.submit``'s work run at once on the caller's thread, once MXNet's engine
     has written what it reads and let go of what it writes: the executor of a job where no

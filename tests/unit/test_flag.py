@@ -1,8 +1,8 @@
-"""``hints.Flag``: the one-shot flag a step's prefetched rows and pull checks are read
+"""``engine.Flag``: the one-shot flag a step's prefetched rows and pull checks are read
 through, set on another thread (the communication thread, or MXNet's)."""
 import threading
 
-from kvhybrid.kvstore.hints import Flag
+from kvhybrid.tensor_collectives.engine import Flag
 
 
 def test_a_flag_starts_unset_and_stays_set():

@@ -93,7 +93,7 @@ def test_the_stores_differ_only_by_their_mode():
                                    for d in f.decorator_list)]
             assert methods == [], f"{cls.name} overrides {methods}"
     for part in ("store.py", "placement.py", "calls.py", "dense.py", "sparse.py",
-                 "sparse_push.py", "sparse_pull.py", "hints.py"):
+                 "sparse_push.py", "sparse_pull.py"):
         text = (PACKAGE / "kvstore" / part).read_text()
         assert '"dist_sync"' not in text and '"dist_async"' not in text, part
 

@@ -7,7 +7,7 @@ import numpy as np
 import mxnet as mx
 
 from kvhybrid.kvstore import sparse_push
-from kvhybrid.kvstore.hints import Prefetch
+from kvhybrid.kvstore.sparse_pull import Prefetch
 
 
 def test_a_failed_hand_over_sets_ready_with_an_error_naming_the_key():
