@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from . import windows
+from .mpi_env import job_spans_hosts
 from .native import Helper
 
 log = logging.getLogger("kvhybrid")
@@ -37,6 +38,11 @@ log = logging.getLogger("kvhybrid")
 SPIN_US = 5
 #: microseconds of one sleep: the wait loops in Python between them (cheap: a few a second)
 SLEEP_US = 200_000
+#: where the job spans hosts, a waiting rank wakes to make MPI progress: the data its last
+#: collective left in flight to a rank on another host goes only while it calls MPI, and
+#: that rank may be what this one waits for. Naps from the first to the longest, doubling;
+#: the first outlasts most waits, which then cost no wake
+FIRST_NAP_US, LONGEST_NAP_US = 1000, 10_000
 
 #: the words a rank sleeps on (``host_barrier.cc``; word 0 counts the ranks arrived): the
 #: generation, and the roots' announcements
@@ -70,8 +76,11 @@ def window_bytes(parties: int) -> int:
 class HostBarrier:
     """Words in a shared-memory window of the group's ranks (``host_barrier.cc``)."""
 
-    def __init__(self, win, memory, rank: int, parties: int, functions):
+    def __init__(self, win, memory, rank: int, parties: int, functions,
+                 progress: Optional[Callable[[], object]] = None):
         self._win = win   # the window keeps the memory mapped
+        #: an MPI call that makes progress, where a waiting rank must (see LONGEST_NAP_US)
+        self._progress = progress
         words = np.frombuffer(memory, dtype=np.uint32, count=HEADER_WORDS)
         #: the digests the ranks brought, one row per parity of the generation
         self._digests = np.frombuffer(memory, dtype=np.int64, count=2 * parties,
@@ -91,8 +100,10 @@ class HostBarrier:
         MPI, comm = group.MPI, group.comm
         functions = _functions()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        # [usable on this rank, not (a rank of the job on another host)]: on every rank, any
         usable = np.array([functions is not None and node.Get_size() == comm.Get_size()
-                           and not group.settings.emulate_node_size], dtype=np.int32)
+                           and not group.settings.emulate_node_size, not job_spans_hosts()],
+                          dtype=np.int32)
         comm.Allreduce(MPI.IN_PLACE, usable, op=MPI.MIN)
         if not usable[0]:
             node.Free()
@@ -105,7 +116,8 @@ class HostBarrier:
             np.frombuffer(memory, dtype=np.uint8)[:] = 0
         node.Barrier()   # (the words are zero before any rank arrives)
         windows.register(f"{group.key}/barrier", win, node)
-        return cls(win, memory, comm.Get_rank(), comm.Get_size(), functions)
+        return cls(win, memory, comm.Get_rank(), comm.Get_size(), functions,
+                   None if usable[1] else comm.Iprobe)
 
     def wait(self, digest: int = 0) -> bool:
         """Return once every rank of the group has called this (the caller sleeps meanwhile):
@@ -136,5 +148,11 @@ class HostBarrier:
 
     def _sleep_until(self, index: int, count: int) -> None:
         count = ctypes.c_uint32(count & 0xFFFFFFFF)
-        while self._sleep(self._address, index, count, SPIN_US, SLEEP_US):
-            pass
+        if self._progress is None:
+            while self._sleep(self._address, index, count, SPIN_US, SLEEP_US):
+                pass
+            return
+        nap = FIRST_NAP_US
+        while self._sleep(self._address, index, count, SPIN_US, nap):
+            self._progress()
+            nap = min(2 * nap, LONGEST_NAP_US)

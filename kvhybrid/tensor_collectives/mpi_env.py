@@ -35,6 +35,18 @@ def detect_launcher(environ=None) -> Optional[str]:
     return None
 
 
+def job_spans_hosts() -> bool:
+    """Whether a rank of the job may run on another host than this one, as the MPI launcher
+    told this process (Open MPI's local and world sizes, Hydra's); True where it told
+    nothing."""
+    env = os.environ
+    for local, world in (("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"),
+                         ("MPI_LOCALNRANKS", "PMI_SIZE")):
+        if local in env and world in env:
+            return env[local] != env[world]
+    return True
+
+
 def load_mpi(allow_singleton: bool):
     """Return the ``mpi4py.MPI`` module, or raise :class:`NotInMPIJobError`."""
     if detect_launcher() is None and not allow_singleton:
