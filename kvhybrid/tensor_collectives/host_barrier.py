@@ -11,7 +11,8 @@ rank being waited for. ``HostBarrier.wait`` sleeps on a futex until the last ran
 It is used where every rank of the group is on one host (MPI's shared-memory split) and the
 helper was built on every rank, the ranks agreeing on both when it is made; elsewhere
 ``Group.meet`` does nothing and the collectives wait as before. ``KVHYBRID_HOST_BARRIER=0``
-turns it off.
+turns it off. Where the job spans hosts (a host's group under host masters) a waiting rank
+wakes between naps to make MPI progress (``LONGEST_NAP_US``).
 
 A rank may bring a digest of the call it makes, and every rank reads all of them when the
 barrier opens: the agreement of a repeated pushpull then travels in its first bucket's
@@ -79,7 +80,9 @@ class HostBarrier:
     def __init__(self, win, memory, rank: int, parties: int, functions,
                  progress: Optional[Callable[[], object]] = None):
         self._win = win   # the window keeps the memory mapped
-        #: an MPI call that makes progress, where a waiting rank must (see LONGEST_NAP_US)
+        #: an MPI call that makes progress, where a waiting rank must (see LONGEST_NAP_US):
+        #: a probe on the group's communicator, which progresses every one of the process
+        #: where MPI's progress is global (Open MPI's, MPICH's with one VCI)
         self._progress = progress
         words = np.frombuffer(memory, dtype=np.uint32, count=HEADER_WORDS)
         #: the digests the ranks brought, one row per parity of the generation
@@ -100,7 +103,8 @@ class HostBarrier:
         MPI, comm = group.MPI, group.comm
         functions = _functions()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        # [usable on this rank, not (a rank of the job on another host)]: on every rank, any
+        # MIN: usable only where usable on every rank; naps with progress where any rank's
+        # job spans hosts
         usable = np.array([functions is not None and node.Get_size() == comm.Get_size()
                            and not group.settings.emulate_node_size, not job_spans_hosts()],
                           dtype=np.int32)

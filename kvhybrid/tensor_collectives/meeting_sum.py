@@ -9,9 +9,8 @@ synchronisation the sum needs: each rank copies its array into its own slot of a
 shared-memory window *before* it arrives, and once the barrier opens it adds every rank's
 slot into its array, in rank order, so every rank gets the same bits.
 
-Up to 1 MB (``capacity``): the engine path's 486 KB NMT bucket went to MPI's blocking
-``Allreduce`` before, whose waits spin while the ranks it waits for are not even running;
-here no rank spins.
+Up to 1 MB (``capacity``), the first engine bucket's bound: MPI's ``Allreduce``
+spins in its waits while the ranks it waits for may not even be running; here no rank spins.
 Every rank adds every part, so in a larger group (from ``SLICED_RANKS``, from
 ``SLICED_BYTES``) each rank adds only its slice of the parts into a shared result (a
 reduce-scatter), and a second meeting opens the whole sum to every rank, which copies it

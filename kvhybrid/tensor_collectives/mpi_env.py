@@ -37,11 +37,12 @@ def detect_launcher(environ=None) -> Optional[str]:
 
 def job_spans_hosts() -> bool:
     """Whether a rank of the job may run on another host than this one, as the MPI launcher
-    told this process (Open MPI's local and world sizes, Hydra's); True where it told
-    nothing."""
+    told this process (Open MPI's, Hydra's or MVAPICH's local and world sizes); True where
+    it told nothing."""
     env = os.environ
     for local, world in (("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"),
-                         ("MPI_LOCALNRANKS", "PMI_SIZE")):
+                         ("MPI_LOCALNRANKS", "PMI_SIZE"),
+                         ("MV2_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_SIZE")):
         if local in env and world in env:
             return env[local] != env[world]
     return True

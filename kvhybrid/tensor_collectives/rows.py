@@ -264,7 +264,7 @@ def sum_rows(ids: np.ndarray, rows: np.ndarray,
     runs = np.diff(np.append(starts, len(ids)))   # how many ranks sent each id
     total = rows[order[starts]]
     # one pass per extra copy of an id (at most a rank's worth): numpy's reduceat over
-    # rows is ten times slower on short runs
+    # rows is much slower on short runs
     for k in range(1, int(runs.max())):
         more = np.flatnonzero(runs > k)
         total[more] += rows[order[starts[more] + k]]

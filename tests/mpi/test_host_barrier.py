@@ -81,3 +81,13 @@ def test_a_rank_without_it_turns_it_off_on_every_rank(tmp_path):
     assert all(g["verdicts"] == [False, True] for g in got)   # (by an allreduce then)
     assert all(g["meeting_sums"] is None for g in got)   # (small sums go to MPI then)
     assert all(g["gather_mixed"] is None for g in got)
+
+
+@pytest.mark.parametrize("spans,naps", [(-1, False), (1, True)])
+def test_ranks_of_a_job_across_hosts_all_wake_to_make_mpi_progress(tmp_path, spans, naps):
+    # asleep, a rank cannot push what its last collective left in flight to another host
+    r = run_job(3, "host_barrier_naps.py", [tmp_path, spans], timeout=90)
+    assert r.returncode == 0, r.output[-3000:]
+    got = _records(tmp_path, 3)
+    assert [g["naps"] for g in got] == [naps] * 3
+    assert all(g["sums"] == [6.0 + 3 * i for i in range(6)] for g in got)

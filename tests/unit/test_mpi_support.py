@@ -87,3 +87,21 @@ def test_launcher_settings_are_written_as_that_open_mpi_names_them(version, expe
 def test_this_machines_mpirun_is_supported():
     mpirun = find_mpirun()
     check_supported(implementation(mpirun), mpirun)
+
+
+@pytest.mark.parametrize("env,spans", [
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "4"}, True),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_SIZE": "4"}, False),
+    ({"MPI_LOCALNRANKS": "3", "PMI_SIZE": "3"}, False),
+    ({"MPI_LOCALNRANKS": "1", "PMI_SIZE": "3"}, True),
+    ({"MV2_COMM_WORLD_LOCAL_SIZE": "2", "MV2_COMM_WORLD_SIZE": "2"}, False),
+    ({}, True)])   # (a launcher that says nothing: assume other hosts)
+def test_whether_the_job_spans_hosts_is_read_from_the_launchers_variables(monkeypatch, env,
+                                                                           spans):
+    from kvhybrid.tensor_collectives.mpi_env import job_spans_hosts
+    for var in ("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
+                "PMI_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert job_spans_hosts() is spans

@@ -1,10 +1,12 @@
 """Which of the store's files a row_sparse call passes through before it reaches the
-executor (the communication thread's queue, MXNet's engine, a collective), traced on the
-caller's thread at a training loop's repeated calls: a push with and without
-``prefetch_rows``, a pull replayed, covered, served, and a pull of every row.
+executor (any function of ``tensor_collectives``: the communication thread's queue, MXNet's
+engine, a collective, a meeting), traced on the caller's thread at a training loop's
+repeated calls: a push with and without ``prefetch_rows``, a pull replayed, covered,
+served, and a pull of every row.
 
-argv: OUT. Rank 0 writes OUT/paths.json: per call, the files of ``kvhybrid/kvstore`` on the
-stack at each entry into the executor, and every file of it the call entered.
+argv: OUT. Every rank writes OUT/paths-rank<r>.json: per call, the files of
+``kvhybrid/kvstore`` on the stack at each call from them into ``tensor_collectives``, and
+every file of ``kvhybrid/kvstore`` the call entered.
 """
 import json
 import os
@@ -18,10 +20,7 @@ from sparse_models import SMALL_TABLE as shape, small_table_store  # noqa: E402
 import kvhybrid  # noqa: E402
 
 STORE = os.path.join(os.path.dirname(kvhybrid.__file__), "kvstore") + os.sep
-#: where a call leaves the store's files: the executor's entries
-EXECUTOR = {("engine.py", "submit"), ("engine.py", "enqueue"), ("engine.py", "when_ready"),
-            ("ops.py", "allreduce_patiently"), ("ops.py", "broadcast_view"),
-            ("operators.py", "copy"), ("ndarray_view.py", "copy_if_ids_equal")}
+EXECUTOR = os.path.join(os.path.dirname(kvhybrid.__file__), "tensor_collectives") + os.sep
 
 kv, grad = small_table_store()
 grad = grad()   # (a loop pushes the same gradient arrays every step)
@@ -37,8 +36,8 @@ def traced(name, call):
         path = frame.f_code.co_filename
         if path.startswith(STORE) and path[len(STORE):] not in entered:
             entered.append(path[len(STORE):])
-        if (os.path.basename(path), frame.f_code.co_name) in EXECUTOR \
-                and "tensor_collectives" in path:
+        if path.startswith(EXECUTOR) and frame.f_back is not None \
+                and frame.f_back.f_code.co_filename.startswith(STORE):
             chain, f = [], frame.f_back
             while f is not None:
                 name_ = f.f_code.co_filename
@@ -84,7 +83,6 @@ kv.pull("w", out=every, ignore_sparse=False)
 mx.nd.waitall()
 traced("pull of every row", lambda: kv.pull("w", out=every, ignore_sparse=False))
 mx.nd.waitall()
-if kv.rank == 0:
-    with open(os.path.join(sys.argv[1], "paths.json"), "w") as f:
-        json.dump(paths, f)
+with open(os.path.join(sys.argv[1], f"paths-rank{kv.rank}.json"), "w") as f:
+    json.dump(paths, f)
 kv.close()
