@@ -29,7 +29,8 @@ from mxnet.ndarray import NDArray
 from ..errors import KeyValueError, KVHybridError, explain
 from ..tensor_collectives import Group
 from ..tensor_collectives.engine import IN_PLACE, EngineComm, InPlace, when_ready
-from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_view, is_host,
+from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, host_view,
+                                                    ids_in_table_of, is_host,
                                                     make_rows, new_host_row_sparse,
                                                     reads_row_ids_in_place, row_sparse_ids,
                                                     rows_made_later)
@@ -288,7 +289,12 @@ class RowPushes:
 
 def _ids_of_table(key: Key, ids, rows: int) -> np.ndarray:
     """``prefetch_rows``'s ids of one array (an NDArray, numpy or a list), copied flat as
-    int64, each checked to lie in [0, ``rows``)."""
+    int64, each checked to lie in [0, ``rows``): an NDArray's in one call of the C++ helper
+    where it can."""
+    if isinstance(ids, mx.nd.NDArray):
+        got = ids_in_table_of(ids, rows)
+        if got is not None:
+            return got
     values = ids.asnumpy() if isinstance(ids, mx.nd.NDArray) else np.asarray(ids)
     return table_ids(values, rows, lambda bad: KeyValueError(
         f"prefetch_rows of key {key!r} got row id {bad}, outside the table's {rows} rows: "

@@ -182,5 +182,7 @@ def test_prefetch_rows_names_an_id_outside_the_table(batch, bad, helper):
     with pytest.raises(KeyValueError, match=rf"prefetch_rows of key 3 got row id {bad}, "
                                             r"outside the table's 10 rows: pass ids in \[0, 10\)"):
         ids_of_table(3, np.array(batch), 10)
+    with pytest.raises(KeyValueError, match=rf"prefetch_rows of key 3 got row id {bad}, "):
+        ids_of_table(3, mx.nd.array(batch, dtype="float64"), 10)   # (the helper leaves it)
     assert ids_of_table(3, [[4, 0], [2, 9]], 10).tolist() == [4, 0, 2, 9]
     assert ids_of_table(3, mx.nd.array([4, 0, 2]), 10).tolist() == [4, 0, 2]
