@@ -99,23 +99,26 @@ def test_every_party_reads_what_each_brought_in_the_row_of_its_generation():
 
 def test_a_rank_of_a_job_across_hosts_makes_mpi_progress_while_it_waits():
     # its last collective may have left data in flight to a rank on another host, which
-    # goes only while this rank calls MPI: it wakes between naps that grow to the longest
-    memory = bytearray(host_barrier.window_bytes(2))
-    calls = []
-    waiter = host_barrier.HostBarrier(None, memory, 0, 2, functions,
-                                      progress=lambda: calls.append(time.monotonic()))
-    root = host_barrier.HostBarrier(None, memory, 1, 2, functions)
-    t = threading.Thread(target=waiter.from_root, args=(False,))
-    start = time.monotonic()
-    t.start()
-    time.sleep(0.05)
-    announced = len(calls)
-    root.from_root(True)
-    t.join(timeout=10)
-    assert not t.is_alive()
-    # it woke and probed, but fewer times than one wake per first nap: the naps grew
-    elapsed_us = (time.monotonic() - start) * 1e6
-    assert 3 <= len(calls) < elapsed_us / host_barrier.FIRST_NAP_US, len(calls)
-    gaps = np.diff([start] + calls)
-    assert gaps[-1] > 2 * gaps[0]
-    assert len(calls) <= announced + 1   # the announce woke it: no nap after it
+    # goes only while this rank calls MPI: it probes between naps that double to the
+    # longest (the helper's sleep stood in for: it times out six times, then the root came)
+    arrive, _, announce = functions
+    events = []
+
+    def sleep(address, index, count, spin_us, timeout_us):
+        events.append(("nap", timeout_us))
+        return 1 if sum(e[0] == "nap" for e in events) <= 6 else 0
+
+    waiter = host_barrier.HostBarrier(None, bytearray(host_barrier.window_bytes(2)), 0, 2,
+                                      (arrive, sleep, announce),
+                                      progress=lambda: events.append(("probe", None)))
+    waiter.from_root(False)
+    first, longest = host_barrier.FIRST_NAP_US, host_barrier.LONGEST_NAP_US
+    naps = [min(first * 2 ** k, longest) for k in range(7)]
+    assert naps[-1] == longest > naps[0]
+    assert events == [e for nap in naps for e in (("nap", nap), ("probe", None))][:-1]
+    # without a job across hosts it sleeps through, probing nothing
+    events.clear()
+    quiet = host_barrier.HostBarrier(None, bytearray(host_barrier.window_bytes(2)), 0, 2,
+                                     (arrive, sleep, announce))
+    quiet.from_root(False)
+    assert events[0] == ("nap", host_barrier.SLEEP_US) and ("probe", None) not in events
