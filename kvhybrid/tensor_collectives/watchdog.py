@@ -20,7 +20,6 @@ as ``python -m mpi4py`` does for an uncaught exception.
 """
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import functools
 import itertools
@@ -83,13 +82,20 @@ def _pid_alive(pid: int) -> bool:
 #: every watchdog of this process: an outward wait is posted on all their boards, since
 #: the ranks waiting on this one may watch another communicator (a host group's board)
 _ALL: "weakref.WeakSet[Watchdog]" = weakref.WeakSet()
+#: this rank's slot on each open watchdog's board, for ``_post_outward`` (twice a wait on the
+#: servers: no walk of the weak set); swapped whole, so a walk sees one version
+_SLOTS: Tuple[np.ndarray, ...] = ()
 
 
 def _post_outward(flag: int) -> None:
-    for dog in list(_ALL):
-        mine = dog._board.get(dog.rank)
-        if mine is not None:
-            mine[_OUTWARD] = flag
+    for mine in _SLOTS:
+        mine[_OUTWARD] = flag
+
+
+def _drop_slot(mine: np.ndarray) -> None:
+    """A watchdog's slot leaves ``_SLOTS`` (at its close, or once it is collected)."""
+    global _SLOTS
+    _SLOTS = tuple(slot for slot in _SLOTS if slot is not mine)
 
 
 #: the training step this process is in (``post_step``), for messages about ranks that ran
@@ -160,6 +166,12 @@ class Watchdog:
                                         daemon=True)
         self._thread.start()
         _ALL.add(self)
+        global _SLOTS
+        mine = self._board.get(self.rank)
+        #: takes this rank's slot out of ``_SLOTS`` (at ``close``, or once collected)
+        self._unpost = None if mine is None else weakref.finalize(self, _drop_slot, mine)
+        if mine is not None:
+            _SLOTS = _SLOTS + (mine,)
 
     # -- the shared-memory progress board --------------------------------------------
     def _make_board(self):
@@ -184,11 +196,10 @@ class Watchdog:
             return {}, None
 
     # -- the public part ---------------------------------------------------------------
-    @contextlib.contextmanager
     def waiting(self, what: Description, collective: bool = True,
                 timeout: Optional[float] = None, hint: Optional[Description] = None,
-                outward: bool = False):
-        """Run a blocking wait described by ``what`` under the timeout.
+                outward: bool = False) -> "_Wait":
+        """Run a blocking wait described by ``what`` under the timeout (``with``).
 
         Collective waits are numbered (the same numbers on every rank, since
         every rank makes the same calls) and posted on the board; local waits
@@ -197,27 +208,9 @@ class Watchdog:
         given when it expires.
         ``outward`` marks a wait on processes outside the group (the parameter
         servers): it gets ``OUTWARD_FACTOR`` x the timeout and is posted on the board.
+        A wait inside another is covered by the outer one's guard.
         """
-        if self._what is not None:  # inside another wait: its guard already covers this one
-            yield
-            return
-        if collective:
-            self._seq += 1
-            if self._board:
-                self._board[self.rank][_SEQ] = self._seq
-        self._since = time.monotonic()
-        self._warned = False
-        self._limit = (timeout or self.timeout) * (OUTWARD_FACTOR if outward else 1.0)
-        self._hint = hint
-        self._what = what
-        if outward:
-            _post_outward(1)
-        try:
-            yield
-        finally:
-            self._what = None
-            if outward:
-                _post_outward(0)
+        return _Wait(self, what, collective, timeout, hint, outward)
 
     def waiting_behind(self, what: Description, hint: Optional[Description] = None):
         """``waiting`` for work another thread of this process does, whose own waits are
@@ -261,6 +254,8 @@ class Watchdog:
         if self._board:
             self._say_if_peers_are_ahead()
             self._board[self.rank][_SEQ] = -self._seq - 1
+        if self._unpost is not None:
+            self._unpost()
         if self._board_window is not None:
             self._board = {}
             self._board_window = None  # freed with MPI; Win.Free is collective
@@ -395,6 +390,42 @@ class Watchdog:
                 self._warned = True
                 log.warning("kvhybrid: rank %d has waited %.0f s for %s (wait #%d): %s",
                             self.rank, elapsed, what, seq, self._laggards(seq))
+
+
+class _Wait:
+    """``Watchdog.waiting``'s guard: a class, not a generator, since it runs around every
+    wait of every step."""
+    __slots__ = ("_dog", "_what", "_collective", "_timeout", "_hint", "_outward", "_inner")
+
+    def __init__(self, dog: Watchdog, what: Description, collective: bool,
+                 timeout: Optional[float], hint: Optional[Description], outward: bool):
+        self._dog, self._what, self._collective = dog, what, collective
+        self._timeout, self._hint, self._outward = timeout, hint, outward
+        self._inner = False
+
+    def __enter__(self) -> None:
+        dog = self._dog
+        if dog._what is not None:   # inside another wait: its guard already covers this one
+            self._inner = True
+            return
+        if self._collective:
+            dog._seq += 1
+            if dog._board:
+                dog._board[dog.rank][_SEQ] = dog._seq
+        dog._since = time.monotonic()
+        dog._warned = False
+        dog._limit = (self._timeout or dog.timeout) * (OUTWARD_FACTOR if self._outward else 1.0)
+        dog._hint = self._hint
+        dog._what = self._what
+        if self._outward:
+            _post_outward(1)
+
+    def __exit__(self, *exc) -> bool:
+        if not self._inner:
+            self._dog._what = None
+            if self._outward:
+                _post_outward(0)
+        return False
 
 
 def install_abort_on_uncaught_exception(MPI) -> None:
