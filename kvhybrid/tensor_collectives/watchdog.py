@@ -79,12 +79,14 @@ def _pid_alive(pid: int) -> bool:
     return _pid_state(pid) != "Z"  # a zombie has exited
 
 
-#: every watchdog of this process: an outward wait is posted on all their boards, since
-#: the ranks waiting on this one may watch another communicator (a host group's board)
+#: every watchdog of this process (``post_step`` posts the step on all their boards)
 _ALL: "weakref.WeakSet[Watchdog]" = weakref.WeakSet()
-#: this rank's slot on each open watchdog's board, for ``_post_outward`` (twice a wait on the
-#: servers: no walk of the weak set); swapped whole, so a walk sees one version
+#: this rank's slot on each open watchdog's board: an outward wait is posted on all of them,
+#: since the ranks waiting on this one may watch another communicator (a host group's
+#: board). A tuple swapped whole under ``_SLOTS_LOCK``, so a walk sees one version and needs
+#: no lock (twice a wait on the servers)
 _SLOTS: Tuple[np.ndarray, ...] = ()
+_SLOTS_LOCK = threading.Lock()
 
 
 def _post_outward(flag: int) -> None:
@@ -92,10 +94,17 @@ def _post_outward(flag: int) -> None:
         mine[_OUTWARD] = flag
 
 
+def _add_slot(mine: np.ndarray) -> None:
+    global _SLOTS
+    with _SLOTS_LOCK:
+        _SLOTS = _SLOTS + (mine,)
+
+
 def _drop_slot(mine: np.ndarray) -> None:
     """A watchdog's slot leaves ``_SLOTS`` (at its close, or once it is collected)."""
     global _SLOTS
-    _SLOTS = tuple(slot for slot in _SLOTS if slot is not mine)
+    with _SLOTS_LOCK:
+        _SLOTS = tuple(slot for slot in _SLOTS if slot is not mine)
 
 
 #: the training step this process is in (``post_step``), for messages about ranks that ran
@@ -141,6 +150,9 @@ def steps_differ(steps: Dict[int, int]) -> str:
 class Watchdog:
     """Times every blocking wait of one communicator; one thread per group."""
 
+    #: takes this rank's slot out of ``_SLOTS`` (at ``close``, or once collected)
+    _unpost: Optional[weakref.finalize] = None
+
     def __init__(self, MPI, comm, timeout: float, stall_warning: float, name: str):
         self._MPI = MPI
         self.comm = comm
@@ -166,12 +178,10 @@ class Watchdog:
                                         daemon=True)
         self._thread.start()
         _ALL.add(self)
-        global _SLOTS
         mine = self._board.get(self.rank)
-        #: takes this rank's slot out of ``_SLOTS`` (at ``close``, or once collected)
-        self._unpost = None if mine is None else weakref.finalize(self, _drop_slot, mine)
         if mine is not None:
-            _SLOTS = _SLOTS + (mine,)
+            _add_slot(mine)
+            self._unpost = weakref.finalize(self, _drop_slot, mine)
 
     # -- the shared-memory progress board --------------------------------------------
     def _make_board(self):
@@ -405,8 +415,8 @@ class _Wait:
 
     def __enter__(self) -> None:
         dog = self._dog
-        if dog._what is not None:   # inside another wait: its guard already covers this one
-            self._inner = True
+        self._inner = dog._what is not None
+        if self._inner:   # inside another wait: its guard already covers this one
             return
         if self._collective:
             dog._seq += 1

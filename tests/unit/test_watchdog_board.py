@@ -39,6 +39,22 @@ def test_a_wait_on_the_servers_is_posted_on_every_board_while_it_lasts(dogs):
         assert _slot(host)[wd._OUTWARD] == 1
     assert [_slot(d)[wd._OUTWARD] for d in (group, host)] == [0, 0]
     assert group.current is None
+    with pytest.raises(RuntimeError, match="raised inside"):   # (not swallowed, and undone)
+        with group.waiting("the servers", collective=False, outward=True):
+            raise RuntimeError("raised inside the wait")
+    assert [_slot(d)[wd._OUTWARD] for d in (group, host)] == [0, 0]
+    assert group.current is None
+
+
+def test_a_guard_entered_again_times_its_own_wait(dogs):
+    dog = dogs("group")
+    guard = dog.waiting("the rows")
+    with dog.waiting("the servers", outward=True):
+        with guard:   # inside: covered by the outer wait
+            assert dog.current == "the servers"
+    with guard:       # alone: its own wait, undone at its end
+        assert dog.current == "the rows"
+    assert dog.current is None
 
 
 def test_collective_waits_are_numbered_on_the_board(dogs):
@@ -63,7 +79,8 @@ def test_a_closed_or_collected_watchdog_leaves_the_posts(dogs):
     collected = wd.Watchdog(MPI, MPI.COMM_SELF, timeout=60, stall_warning=30, name="lost")
     collected_slot = _slot(collected)
     collected._stop.set()   # (its thread ends at its next poll and lets go of it)
-    collected._thread.join()
+    collected._thread.join(5)
+    assert not collected._thread.is_alive()
     del collected
     gc.collect()
     assert not any(s is collected_slot for s in wd._SLOTS)
