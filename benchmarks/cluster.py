@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -102,14 +103,56 @@ class EmulatedCluster:
         return Path(path)
 
     def close(self) -> None:
+        """Stop whatever still runs on the hosts, then delete them: a job stopped in a hurry
+        (a second SIGTERM cuts its launcher's grace short) can leave a host's ``orted`` and
+        its ranks, which a deleted namespace hides but does not stop."""
         for name in self.names + [self.switch]:
+            stop_processes_in(name)
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
 
     def __exit__(self, *exc) -> None:
-        self.close()
-        atexit.unregister(self.close)
-        if self._old_term is not None:
-            signal.signal(signal.SIGTERM, self._old_term)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # (a further SIGTERM: clean up anyway)
+        try:
+            self.close()
+        finally:
+            atexit.unregister(self.close)
+            signal.signal(signal.SIGTERM, self._old_term if self._old_term is not None
+                          else signal.SIG_DFL)
+
+
+#: how long the processes on a host get to end after SIGTERM before SIGKILL
+STOP_GRACE = 5.0
+
+
+def stop_processes_in(name: str, grace: float = STOP_GRACE) -> List[int]:
+    """SIGTERM to every process in network namespace ``name``, SIGKILL to those left after
+    ``grace`` seconds; returns their pids (none where the namespace is gone)."""
+    listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                            timeout=20)
+    pids = [int(p) for p in listed.stdout.split() if p.isdigit() and int(p) != os.getpid()]
+    _signal_all(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.1)
+    _signal_all([p for p in pids if _running(p)], signal.SIGKILL)
+    if pids:
+        log.warning("cluster: stopped %d process(es) left on host %s", len(pids), name)
+    return pids
+
+
+def _signal_all(pids: List[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is alive and not a zombie (which only waits for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
 
 
 def setting_name(hosts: int, rate: str, workers: int, delay: Optional[str] = None) -> str:

@@ -139,6 +139,33 @@ def test_stopping_a_cluster_benchmark_leaves_no_process_and_no_host(tmp_path):
                                        text=True).stdout
 
 
+def test_a_clusters_hosts_are_emptied_before_they_are_deleted():
+    """Processes left on an emulated host (as a host's orted and ranks are when a second
+    SIGTERM cuts the launcher's grace short) are stopped when the cluster closes: SIGTERM,
+    then SIGKILL for one that ignores it; none lives on in a deleted namespace."""
+    import time
+    from benchmarks.cluster import EmulatedCluster
+    with EmulatedCluster(hosts=1, rate=None) as cluster:
+        host = cluster.names[0]
+        polite = subprocess.Popen(["ip", "netns", "exec", host, "sleep", "600"])
+        stubborn = subprocess.Popen(["ip", "netns", "exec", host, "sh", "-c",
+                                     "trap '' TERM; sleep 600"])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not {str(polite.pid), str(stubborn.pid)} <= \
+                set(subprocess.run(["ip", "netns", "pids", host], capture_output=True,
+                                   text=True).stdout.split()):
+            time.sleep(0.1)
+    try:
+        assert polite.wait(timeout=30) == -15
+        assert stubborn.wait(timeout=30) == -9
+    finally:
+        for proc in (polite, stubborn):
+            if proc.poll() is None:
+                proc.kill()
+    assert host not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                      text=True).stdout
+
+
 def _processes(tmp_path) -> str:
     """The command lines of this test's job still running (they name its temporary folder
     or the benchmark's worker)."""
