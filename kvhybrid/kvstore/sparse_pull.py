@@ -600,7 +600,23 @@ def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray], row_ids: List[
 
 
 def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -> None:
-    """Rows of the local copy (every rank holds the same one)."""
+    """Rows of the local copy (every rank holds the same one): on the host, read from its
+    memory once the last push's update is written, into the out itself where it can take
+    them (that push waited for the group on this thread already: so did the reads of the
+    out before it), else by MXNet's ``take``."""
+    table = slot.value
+    if table.stype == "default" and is_host(table) and np.dtype(table.dtype) == slot.dtype:
+        table.wait_to_read()
+        whole = host_view(table, slot.dtype, math.prod(slot.shape)).reshape(slot.shape)
+        for o, i in zip(outs, ids):
+            if takes_rows_in_place(o, slot.shape, slot.dtype):   # (into the out itself)
+                wait_to_write(o)
+                np.take(whole, i, axis=0, out=make_rows(o, i))
+                continue
+            arr, rows = new_host_row_sparse(i, slot.shape, slot.dtype)
+            np.take(whole, i, axis=0, out=rows)
+            arr.copyto(o)
+        return
     for o, i in zip(outs, ids):
         if len(i):
             rows = mx.nd.take(slot.value, mx.nd.array(i, ctx=slot.value.context, dtype="int64"))
