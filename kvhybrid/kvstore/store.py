@@ -304,7 +304,7 @@ class HybridMPIStore(mx.kv.KVStore):
                         *self._signed("push", key, value)))
                 except KeyValueError as exc:
                     plan = self.pushes.failed_push(key, str(exc))
-            self.pushes.push(plan)
+            self.pushes.push(plan, self._updater)
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),
                                 f" of key {key!r}")

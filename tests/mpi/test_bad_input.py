@@ -49,6 +49,9 @@ EXPECTED = {
     "optimizer_differs": ["set_optimizer differs between ranks", "learning_rate=0.1",
                           "learning_rate=0.2"],
     "optimizer_states_differ": ["load_optimizer_states differs between ranks", "sha256"],
+    "sparse_push_shape_one_rank": ["failed on rank 1:", "shape (1000, 3)",
+                                   "initialised with shape (1000, 4)"],
+    "sparse_push_keys_differ": ["push differs between ranks", "key 21", "key 20"],
 }
 
 
@@ -70,6 +73,8 @@ def test_errors_change_no_state_and_ranks_stay_in_step(bad_calls):
     for results in bad_calls:
         assert results["value_after_errors"] == 10.0  # init value survived the failed push
         assert results["sum_after_errors"] == sum(range(1, RANKS + 1))
+        assert results["sparse_after_errors"] == RANKS   # (the last good push's sum of ones)
+        assert results["sparse_sum_after_errors"] == sum(range(1, RANKS + 1))
 
 
 def test_create_outside_mpi_job_says_how_to_launch():

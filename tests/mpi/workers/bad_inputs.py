@@ -69,6 +69,24 @@ grad = ones() * (rank + 1)
 kv.pushpull(0, grad)
 results["sum_after_errors"] = float(grad.asnumpy().mean())
 
+# A sparse weight summed in the group (pure MPI's route 'rows'): once its route is chosen,
+# its pushes are agreed in the rows' count exchange, and a bad one still raises on every rank.
+kv.init(20, mx.nd.sparse.zeros("row_sparse", (1000, 4)))
+kv.init(21, mx.nd.sparse.zeros("row_sparse", (1000, 4)))
+rows = lambda width=4, by=1.0: mx.nd.sparse.row_sparse_array(  # noqa: E731
+    (mx.nd.ones((2, width)) * by, [1, 5]), shape=(1000, width))
+for _ in range(3):
+    kv.push(20, rows())
+    kv.push(21, rows())
+attempt("sparse_push_shape_one_rank", lambda: kv.push(20, rows(3) if rank == 1 else rows()))
+attempt("sparse_push_keys_differ", lambda: kv.push(21 if rank == 1 else 20, rows()))
+sparse_out = mx.nd.sparse.zeros("row_sparse", (1000, 4))
+kv.row_sparse_pull(20, out=sparse_out, row_ids=mx.nd.array([1, 5], dtype="int64"))
+results["sparse_after_errors"] = float(sparse_out.data.asnumpy().mean())
+kv.push(20, rows(by=rank + 1))   # (no optimizer: the sum overwrites the rows)
+kv.row_sparse_pull(20, out=sparse_out, row_ids=mx.nd.array([1, 5], dtype="int64"))
+results["sparse_sum_after_errors"] = float(sparse_out.data.asnumpy().mean())
+
 # Optimizer states loaded from files that differ between ranks.
 kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
 kv.pushpull(0, ones(), out=ones())
