@@ -15,6 +15,8 @@ Systems (each a job through ``kvhybrid-launch``):
 * ``kvhybrid group-master`` (emulated hosts only; on one host it is ``kvhybrid``): the same,
   but the group's master aggregates and pushes every host's rows (``--row-masters group``);
 * ``kvhybrid all-AR``: every key by allreduce (tables forced ``dense``; no servers);
+* ``kvhybrid pure-MPI`` (on request): no servers, ``kvhybrid-launch -n N``'s default shape:
+  tables routed by their α, their rows summed in the group (route ``rows``);
 * ``kvhybrid all-PS``: every key on the servers (a client group per worker);
 * ``dist_sync``: MXNet's own store (tables as ``SparseEmbedding``), a client per worker;
 * ``Horovod``: ``horovod.mxnet.DistributedTrainer`` (dense embeddings, as Horovod needs);
@@ -64,6 +66,7 @@ SYSTEMS = {
     "kvhybrid": ("hybrid", "group+servers", False),
     "kvhybrid group-master": ("hybrid", "group-master", False),
     "kvhybrid all-AR": ("hybrid", "group", True),
+    "kvhybrid pure-MPI": ("hybrid", "group", False),
     "kvhybrid all-PS": ("hybrid", "per-worker+servers", False),
     "kvhybrid blocking": ("hybrid", "group+servers", False),
     "kvhybrid unprefetched": ("hybrid-unprefetched", "group+servers", False),
@@ -75,7 +78,8 @@ SYSTEMS = {
 #: systems that do not train the same model (no communication): left out of the loss check
 UNSYNCED = {"compute only"}
 #: systems run only when named (``--systems``): variants of the default path
-ON_REQUEST = set(SYSTEM_ENV) | {"kvhybrid unprefetched", "kvhybrid all-PS unprefetched"}
+ON_REQUEST = set(SYSTEM_ENV) | {"kvhybrid unprefetched", "kvhybrid all-PS unprefetched",
+                                 "kvhybrid pure-MPI"}
 
 
 def launcher_args(shape: str, workers: int, servers: int) -> List[str]:
