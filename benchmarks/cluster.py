@@ -106,16 +106,17 @@ class EmulatedCluster:
         """Stop whatever still runs on the hosts, then delete them: a job stopped in a hurry
         (a second SIGTERM cuts its launcher's grace short) can leave a host's ``orted`` and
         its ranks, which a deleted namespace hides but does not stop."""
-        for name in self.names + [self.switch]:
-            stop_processes_in(name)
+        names = self.names + [self.switch]
+        stop_processes_in(names)
+        for name in names:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
 
     def __exit__(self, *exc) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)   # (a further SIGTERM: clean up anyway)
         try:
             self.close()
+            atexit.unregister(self.close)   # (kept where closing failed: tried again at exit)
         finally:
-            atexit.unregister(self.close)
             signal.signal(signal.SIGTERM, self._old_term if self._old_term is not None
                           else signal.SIG_DFL)
 
@@ -124,20 +125,29 @@ class EmulatedCluster:
 STOP_GRACE = 5.0
 
 
-def stop_processes_in(name: str, grace: float = STOP_GRACE) -> List[int]:
-    """SIGTERM to every process in network namespace ``name``, SIGKILL to those left after
-    ``grace`` seconds; returns their pids (none where the namespace is gone)."""
-    listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                            timeout=20)
-    pids = [int(p) for p in listed.stdout.split() if p.isdigit() and int(p) != os.getpid()]
+def stop_processes_in(names: List[str], grace: float = STOP_GRACE) -> List[int]:
+    """SIGTERM to every process in the network namespaces ``names``, then SIGKILL to those
+    still there after ``grace`` seconds; returns the first ones' pids."""
+    pids = _pids_in(names)
     _signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_running(p) for p in pids):
         time.sleep(0.1)
-    _signal_all([p for p in pids if _running(p)], signal.SIGKILL)
+    # (listed again: a pid that ended may be another process's now, outside the hosts)
+    _signal_all([p for p in _pids_in(names) if _running(p)], signal.SIGKILL)
     if pids:
-        log.warning("cluster: stopped %d process(es) left on host %s", len(pids), name)
+        log.warning("cluster: stopped %d process(es) left on hosts %s", len(pids),
+                    ", ".join(names))
     return pids
+
+
+def _pids_in(names: List[str]) -> List[int]:
+    pids = []
+    for name in names:   # (none where the namespace is gone)
+        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                                timeout=20)
+        pids += [int(p) for p in listed.stdout.split() if p.isdigit()]
+    return [p for p in pids if p != os.getpid()]
 
 
 def _signal_all(pids: List[int], signum: int) -> None:

@@ -114,6 +114,15 @@ class Calls:
         agree(self.group, what, signature, error, about, patient=self._patient())
         return result
 
+    def check_known(self, what: str, call: Tuple[Optional[str], Optional[str]],
+                    about: str = "") -> None:
+        """``check`` of a call whose local checks were made before or failed (``call``:
+        (local error, signature), from the memo): the same agreement, without building the
+        call again."""
+        error, signature = call
+        self.before_meeting()
+        agree(self.group, what, signature, error, about, patient=self._patient())
+
     def check_again(self, what: str, key, arrays, build, about: str,
                     comm: Optional[EngineComm]):
         """``check``, except that a call the ranks agreed on before with these very arrays

@@ -600,10 +600,11 @@ def checked_row_ids(key: Key, slot: KeySlot, outs: List[NDArray], row_ids: List[
 
 
 def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -> None:
-    """Rows of the local copy (every rank holds the same one): on the host, read from its
-    memory once the last push's update is written, into the out itself where it can take
-    them (that push waited for the group on this thread already: so did the reads of the
-    out before it), else by MXNet's ``take``."""
+    """Rows of the local copy (every rank holds the same one). A host table's are read from
+    its memory once the last push's update is written: into the out itself where it can take
+    them (that push waited for the group on this thread already: so did the reads of the out
+    before it), else into a new array that MXNet's engine copies there. Elsewhere MXNet's
+    ``take`` makes them. (The ids were checked to lie in the table: ``clip`` writes in place.)"""
     table = slot.value
     if table.stype == "default" and is_host(table) and np.dtype(table.dtype) == slot.dtype:
         table.wait_to_read()
@@ -611,10 +612,10 @@ def pull_rows_local(slot: KeySlot, outs: List[NDArray], ids: List[np.ndarray]) -
         for o, i in zip(outs, ids):
             if takes_rows_in_place(o, slot.shape, slot.dtype):   # (into the out itself)
                 wait_to_write(o)
-                np.take(whole, i, axis=0, out=make_rows(o, i))
+                np.take(whole, i, axis=0, out=make_rows(o, i), mode="clip")
                 continue
             arr, rows = new_host_row_sparse(i, slot.shape, slot.dtype)
-            np.take(whole, i, axis=0, out=rows)
+            np.take(whole, i, axis=0, out=rows, mode="clip")
             arr.copyto(o)
         return
     for o, i in zip(outs, ids):

@@ -36,8 +36,8 @@ from ..tensor_collectives.ndarray_view import (empty_row_sparse, host_array, hos
                                                     rows_made_later)
 from ..tensor_collectives.operators import copy
 from ..tensor_collectives.rows import (allreduce_rows, gather_patiently, local_ids, local_rows,
-                                       row_counts, scatter_bytes, sum_rows, take_rows,
-                                       union_ids, unique_ids)
+                                       scatter_bytes, sum_rows, take_rows, union_ids,
+                                       unique_ids)
 from ..tensor_collectives.watchdog import current_step, steps_differ
 from .calls import agree, digest
 from .dense import DensePath
@@ -53,7 +53,8 @@ class SparsePush:
     """A push call's row_sparse keys, as ``RowPushes.push`` takes them: ``(key, arrays)``
     each (arrays None where this rank's call failed its checks), whether each key's row ids
     can be read in place, and the call the ranks agree on in the rows' gather (``(local
-    error, signature)``), or None where they agreed already."""
+    error, signature)``; a push summed in the group agrees on it before: ``summed_in_group``),
+    or None where they agreed already."""
     items: List[Tuple[Key, Optional[list]]]
     in_place: List[bool]
     call: Optional[Tuple[Optional[str], Optional[str]]]
@@ -135,16 +136,24 @@ class RowPushes:
         thread, and every rank raises at a later store call. With host masters a host's
         master sees its host's calls only: the group agrees on the communication thread
         first, in the same job (``push_and_prefetch``'s ``agree_in``), where on the
-        caller's thread a step across hosts waited for the other host. A sparse weight
-        summed in the group (route 'rows') is agreed in its rows' count exchange
-        (``push_in_group``), which every rank makes before any row travels."""
+        caller's thread a step across hosts waited for the other host. A push of sparse
+        weights summed in the group (``summed_in_group``) is remembered the same way."""
         keys = list(key) if isinstance(key, (list, tuple)) else [key]
         if not keys or not all(is_key(k) and k in self.slots for k in keys) \
                 or len(set(keys)) != len(keys):
             return False   # (the checked path names an unknown or repeated key)
         slots = [self.slots[k] for k in keys]
         return all(self._hands_out(k, slot) for k, slot in zip(keys, slots)) \
-            or all(_agrees_in_counts(slot) for slot in slots)
+            or self.summed_in_group(key)
+
+    def summed_in_group(self, key) -> bool:
+        """Whether every key of a push is a sparse weight summed in the group (route 'rows',
+        chosen on every rank at its first push): its checks are remembered, and the call is
+        agreed on the caller's thread by the group's agreement (``Calls.check_known``), as a
+        checked call is, before its rows' exchange."""
+        keys = list(key) if isinstance(key, (list, tuple)) else [key]
+        return all(is_key(k) and k in self.slots and self.slots[k].route == "rows"
+                   and self.slots[k].sparse_weight for k in keys)
 
     def plan_push(self, work, signature: Optional[str]) -> SparsePush:
         """A push call's row_sparse keys, as ``push`` takes them (``work``: its checked
@@ -173,13 +182,11 @@ class RowPushes:
         for (key, arrays), in_place in zip(plan.items, plan.in_place):
             slot = self.slots[key]
             if arrays is None:   # (this rank's call failed: the gather carries its error)
-                if slot.route == "rows":   # (raises on every rank)
-                    push_in_group(key, slot, None, None, self.placement.group, None, plan.call)
                 to_servers.append((PushOfRows(key, slot, None, None, None), True))
                 continue
             # (a call agreed with its rows hands every key out: agrees_with_rows asked)
-            hands_out = slot.route != "rows" and (plan.call is not None
-                                                  or self._hands_out(key, slot))
+            hands_out = slot.route == "servers" and (plan.call is not None
+                                                     or self._hands_out(key, slot))
             push = self._read_rows(key, slot, arrays, hands_out and in_place)
             route = self._route(key, slot)
             if route == "dense":   # the whole gradient, summed like a dense key's
@@ -189,8 +196,7 @@ class RowPushes:
                                           target, updater, compress=False)   # as in MXNet
             elif route == "rows":
                 self.pulls.take_hint(key)   # (this push updates the rows it holds)
-                push_in_group(key, slot, arrays, push.ids, self.placement.group, updater,
-                              plan.call)
+                push_in_group(key, slot, arrays, push.ids, self.placement.group, updater)
                 self.mode.after_update(key, slot)
             elif route == "servers":   # (a key's first push may ask for rows once routed)
                 to_servers.append((push, hands_out or self.asks_prefetch(key)))
@@ -296,13 +302,6 @@ class RowPushes:
         self._prefetch_ids.clear()
 
 
-def _agrees_in_counts(slot: KeySlot) -> bool:
-    """Whether a push of a key is agreed in its rows' count exchange (``push_in_group``): a
-    sparse weight (it takes row_sparse gradients only) summed in the group, the same on
-    every rank once its first push chose the route."""
-    return slot.route == "rows" and slot.sparse_weight
-
-
 def _ids_of_table(key: Key, ids, rows: int) -> np.ndarray:
     """``prefetch_rows``'s ids of one array (an NDArray, numpy or a list), copied flat as
     int64, each checked to lie in [0, ``rows``): an NDArray's in one call of the C++ helper
@@ -325,24 +324,11 @@ def count_rows(slot: KeySlot, ids: np.ndarray, arrays: int) -> None:
     slot.alpha_steps += 1
 
 
-def push_in_group(key: Key, slot: KeySlot, arrays: Optional[Sequence[NDArray]],
-                  ids: Optional[np.ndarray], group: Group, updater,
-                  call: Optional[Tuple[Optional[str], Optional[str]]] = None) -> None:
+def push_in_group(key: Key, slot: KeySlot, arrays: Sequence[NDArray], ids: np.ndarray,
+                  group: Group, updater) -> None:
     """Sum the rows over devices and the group; update (or overwrite) the local copy.
-    ``ids``: the arrays' row ids, concatenated (``local_ids``). ``call``: (local error,
-    signature) where the ranks agree on the call in the rows' count exchange, before any
-    row travels (``arrays`` None after a local error): calls that differ raise the same
-    KeyValueError on every rank, nothing updated."""
-    name = f"key {key!r}"
-    counts = None
-    if call is not None:
-        error, signature = call
-        table = row_counts(0 if ids is None else len(ids), group, name,
-                           (1, 0) if error is not None else (0, digest(signature)))
-        if table[:, 1].any() or (table[:, 2] != table[0, 2]).any():
-            group.raise_calls_differ("push", error, signature, f" of key {key!r}")
-        counts = table[:, 0]
-    grad = allreduce_rows(arrays, group, name=name, ids=ids, counts=counts)
+    ``ids``: the arrays' row ids, concatenated (``local_ids``)."""
+    grad = allreduce_rows(arrays, group, name=f"key {key!r}", ids=ids)
     if updater is not None:
         updater(key, grad, slot.value)
     else:

@@ -74,8 +74,7 @@ def unrecorded(method):
 @dataclass
 class ResumeState:
     """What a checkpoint saves of a store and puts back (``kvhybrid/gluon/checkpoint.py``
-    reads nothing else of it): named here, so that the store's insides can change without
-    breaking resume."""
+    reads nothing else): named here, so the store's insides can change without breaking it."""
     #: every key: shape, dtype, its value on this rank, whether its rows live on the servers
     slots: Dict[Key, KeySlot]
     #: this rank's link to the parameter servers (a master's), else None
@@ -296,7 +295,7 @@ class HybridMPIStore(mx.kv.KVStore):
         """Sum ``value`` over devices and ranks into the store (or apply it with the optimizer)."""
         self._open()
         self.clock.tick(call_key(key))
-        if self.pushes.agrees_with_rows(key):   # (its agreement travels with its rows)
+        if self.pushes.agrees_with_rows(key):   # (checked once: the memo keeps its plan)
             plan = self.calls.recall("push", key, value)
             if plan is None:
                 try:
@@ -304,6 +303,8 @@ class HybridMPIStore(mx.kv.KVStore):
                         *self._signed("push", key, value)))
                 except KeyValueError as exc:
                     plan = self.pushes.failed_push(key, str(exc))
+            if self.pushes.summed_in_group(key):   # (else agreed with its rows: hand-out)
+                self.calls.check_known("push", plan.call, f" of key {key!r}")
             self.pushes.push(plan, self._updater)
             return
         work = self.calls.check("push", lambda: self._signed("push", key, value),

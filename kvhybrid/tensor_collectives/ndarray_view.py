@@ -131,7 +131,8 @@ def rows_made_later() -> bool:
 def make_rows(arr: RowSparseNDArray, ids: np.ndarray) -> np.ndarray:
     """Give ``arr`` (a host row_sparse array, an ``empty_row_sparse`` one or one holding
     rows, whose memory it reuses where large enough; held by the running engine operation
-    that writes it, where ``rows_made_later``) the sorted unique ``ids`` and room for their
+    that writes it, where ``rows_made_later``, or with nothing queued on it: after
+    ``wait_to_write``) the sorted unique ``ids`` and room for their
     rows; returns a view of those rows for the caller to fill. Reads of ``arr`` queued
     before, behind that operation, see the rows it was given."""
     ids_at, rows_at = ctypes.c_void_p(), ctypes.c_void_p()

@@ -56,37 +56,26 @@ def local_rows(arrays: Sequence[NDArray],
     return ids, np.concatenate([a.data.asnumpy() for a in arrays])
 
 
-def row_counts(count: int, group: Group, name: str = "rows",
-               carry: Sequence[int] = ()) -> np.ndarray:
-    """Every rank's row count, and the few int64s it ``carry``s along (a call's agreement),
-    on every rank: one row per rank, the count first (``Iallgather``, waited for without
-    spinning, as ``gather_rows``)."""
-    mine = np.array([count, *carry], np.int64)
-    table = np.empty((group.size, len(mine)), np.int64)
-    with group.watchdog.waiting(lambda: f"the row counts of {name} on group {group.name}"):
-        wait_patiently(group.comm.Iallgather(mine, table))
-    return table
-
-
-def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group, name: str = "rows",
-                counts: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def gather_rows(ids: np.ndarray, rows: np.ndarray, group: Group,
+                name: str = "rows") -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every rank's (ids, rows), concatenated in rank order, on every rank, and how many
-    each rank gave (``counts``, where ``row_counts`` exchanged them already). Waits without
-    spinning, as ``gather_patiently``: the caller's thread waits here for the slowest rank's
-    backward pass, and on a host with more processes than cores a spinning wait takes the
-    CPU that rank needs."""
-    if counts is None:
-        counts = row_counts(len(ids), group, name)[:, 0]
+    each rank gave (``Iallgatherv``). Waits without spinning, as ``gather_patiently``: the
+    caller's thread waits here for the slowest rank's backward pass, and on a host with
+    more processes than cores a spinning wait takes the CPU that rank needs."""
+    comm, dog = group.comm, group.watchdog
+    counts = np.empty(group.size, np.int64)
+    with dog.waiting(lambda: f"the row counts of {name} on group {group.name}"):
+        wait_patiently(comm.Iallgather(np.array([len(ids)], np.int64), counts))
     group.bytes_sent["rows"] += ids.nbytes + rows.nbytes
     ids, flat = np.ascontiguousarray(ids), _wire(np.ascontiguousarray(rows).reshape(-1))
     width = math.prod(rows.shape[1:])
     all_ids = np.empty(int(counts.sum()), dtype=np.int64)
     all_rows = np.empty((int(counts.sum()),) + rows.shape[1:], dtype=rows.dtype)
-    with group.watchdog.waiting(lambda: f"allgatherv of {int(counts.sum())} rows of {name} on "
-                                        f"group {group.name} of {group.size} ranks"):
-        wait_all_patiently([group.comm.Iallgatherv(ids, [all_ids, counts]),
-                            group.comm.Iallgatherv(flat, [_wire(all_rows.reshape(-1)),
-                                                          counts * width])])
+    with dog.waiting(lambda: f"allgatherv of {int(counts.sum())} rows of {name} on group "
+                             f"{group.name} of {group.size} ranks"):
+        wait_all_patiently([comm.Iallgatherv(ids, [all_ids, counts]),
+                            comm.Iallgatherv(flat, [_wire(all_rows.reshape(-1)),
+                                                    counts * width])])
     return all_ids, all_rows, counts
 
 
@@ -289,13 +278,10 @@ def sum_rows(ids: np.ndarray, rows: np.ndarray,
 
 
 def allreduce_rows(arrays: Sequence[NDArray], group: Group, name: str = "rows",
-                   ids: Optional[np.ndarray] = None,
-                   counts: Optional[np.ndarray] = None) -> NDArray:
+                   ids: Optional[np.ndarray] = None) -> NDArray:
     """The sum over a worker's devices and over the group of row_sparse ``arrays`` (whose
-    ids the caller may have read already, and whose ranks' row counts it may have
-    exchanged: ``row_counts``)."""
+    ids the caller may have read already)."""
     first = arrays[0]
-    ids, rows = sum_rows(*gather_rows(*local_rows(arrays, ids), group, name=name,
-                                      counts=counts))
+    ids, rows = sum_rows(*gather_rows(*local_rows(arrays, ids), group, name=name))
     total = host_row_sparse(rows, ids, first.shape, first.dtype)
     return total if is_host(first) else total.as_in_context(first.context)

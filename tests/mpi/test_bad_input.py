@@ -52,6 +52,8 @@ EXPECTED = {
     "sparse_push_shape_one_rank": ["failed on rank 1:", "shape (1000, 3)",
                                    "initialised with shape (1000, 4)"],
     "sparse_push_keys_differ": ["push differs between ranks", "key 21", "key 20"],
+    "sparse_push_unknown_key_one_rank": ["failed on rank 1:", "key 99 was never initialised"],
+    "sparse_push_against_pushpull": ["differs between ranks", "pushpull key 0", "push key 20"],
 }
 
 

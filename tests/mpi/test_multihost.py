@@ -143,18 +143,16 @@ def test_a_clusters_hosts_are_emptied_before_they_are_deleted():
     """Processes left on an emulated host (as a host's orted and ranks are when a second
     SIGTERM cuts the launcher's grace short) are stopped when the cluster closes: SIGTERM,
     then SIGKILL for one that ignores it; none lives on in a deleted namespace."""
-    import time
     from benchmarks.cluster import EmulatedCluster
     with EmulatedCluster(hosts=1, rate=None) as cluster:
         host = cluster.names[0]
-        polite = subprocess.Popen(["ip", "netns", "exec", host, "sleep", "600"])
+        polite = subprocess.Popen(["ip", "netns", "exec", host, "sh", "-c",
+                                   "echo ready; exec sleep 600"], stdout=subprocess.PIPE,
+                                  text=True)
         stubborn = subprocess.Popen(["ip", "netns", "exec", host, "sh", "-c",
-                                     "trap '' TERM; sleep 600"])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not {str(polite.pid), str(stubborn.pid)} <= \
-                set(subprocess.run(["ip", "netns", "pids", host], capture_output=True,
-                                   text=True).stdout.split()):
-            time.sleep(0.1)
+                                     "trap '' TERM; echo ready; sleep 600"],
+                                    stdout=subprocess.PIPE, text=True)
+        assert polite.stdout.readline() == "ready\n" == stubborn.stdout.readline()
     try:
         assert polite.wait(timeout=30) == -15
         assert stubborn.wait(timeout=30) == -9

@@ -80,6 +80,10 @@ for _ in range(3):
     kv.push(21, rows())
 attempt("sparse_push_shape_one_rank", lambda: kv.push(20, rows(3) if rank == 1 else rows()))
 attempt("sparse_push_keys_differ", lambda: kv.push(21 if rank == 1 else 20, rows()))
+# a rank that makes another call meets the others' repeated push in its agreement
+attempt("sparse_push_unknown_key_one_rank", lambda: kv.push(99 if rank == 1 else 20, rows()))
+attempt("sparse_push_against_pushpull",
+        lambda: kv.pushpull(0, ones()) if rank == 1 else kv.push(20, rows()))
 sparse_out = mx.nd.sparse.zeros("row_sparse", (1000, 4))
 kv.row_sparse_pull(20, out=sparse_out, row_ids=mx.nd.array([1, 5], dtype="int64"))
 results["sparse_after_errors"] = float(sparse_out.data.asnumpy().mean())
