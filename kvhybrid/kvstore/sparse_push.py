@@ -147,13 +147,14 @@ class RowPushes:
             or self.summed_in_group(key)
 
     def summed_in_group(self, key) -> bool:
-        """Whether every key of a push is a sparse weight summed in the group (route 'rows',
-        chosen on every rank at its first push): its checks are remembered, and the call is
-        agreed on the caller's thread by the group's agreement (``Calls.check_known``), as a
-        checked call is, before its rows' exchange."""
+        """Whether every key of a push (known keys: ``agrees_with_rows`` asked) is a sparse
+        weight summed in the group (route 'rows', chosen on every rank at its first push):
+        its checks are remembered, and the call is agreed on the caller's thread by the
+        group's agreement (``Calls.check_known``), as a checked call is, before its rows'
+        exchange."""
         keys = list(key) if isinstance(key, (list, tuple)) else [key]
-        return all(is_key(k) and k in self.slots and self.slots[k].route == "rows"
-                   and self.slots[k].sparse_weight for k in keys)
+        return all(self.slots[k].route == "rows" and self.slots[k].sparse_weight
+                   for k in keys)
 
     def plan_push(self, work, signature: Optional[str]) -> SparsePush:
         """A push call's row_sparse keys, as ``push`` takes them (``work``: its checked
